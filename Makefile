@@ -1,0 +1,37 @@
+# mempo: `make setup` once, then `make test` / `make run`. Both depend on the setup stamp, so a
+# fresh clone needs only the one command.
+PY := .venv/bin/python
+STAMP := .venv/.setup-stamp
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export RAY_AUTH_MODE := disabled
+export RAY_USAGE_STATS_ENABLED := 0
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup test test-fast world run bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $(STAMP)
+
+world: $(STAMP)
+	$(PY) -m services.world build
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
+
+# The main job. Until the pipeline lands it builds the embedded world and shows what is in it.
+run: $(STAMP)
+	$(PY) -m services.world build
+	$(PY) -m services.world show
+
+bench: $(STAMP)
+	$(PY) bench/codec.py
+
+clean:
+	rm -rf runs .cache

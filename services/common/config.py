@@ -1,0 +1,317 @@
+"""The one typed configuration tree of the mempo pipeline.
+
+Every knob of every service is a pydantic field with a help string and, where MemPO's reference
+implementation fixes a number (see ../shared/MEMPO.md), that number as its default. A run's config
+is a YAML file from ``deploy/configs/`` plus ``key.sub=value`` overrides from the command line:
+
+    from services.common.config import load_config
+    cfg = load_config("deploy/configs/tiny.yaml", ["rollout.n=4", "scorer.tau=-1.0"])
+
+    python -m services.common.config deploy/configs/tiny.yaml rollout.n=4   # print the result
+    python -m services.common.config --help-fields                          # every field, documented
+
+Unknown keys and bad values fail at load time with :class:`ConfigError`, naming the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import sys
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# The answer continuation appended to both the memory and the full context when scoring a <mem>
+# block (MEMPO.md section 3). ``{gold}`` is replaced by the gold answer(s).
+DEFAULT_ANSWER_TEMPLATE = (
+    "\n<think>\nI have sufficient information to provide the final answers.\n</think>\n"
+    "<answer>\n{gold}\n</answer>"
+)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a search agent. Answer the user's question(s) by searching a knowledge base. "
+    "Every turn after the first starts with <mem> ... </mem>: a complete rewrite of everything "
+    "worth keeping so far (facts found, what is still missing). Then reason inside "
+    "<think> ... </think>. Then either search with <search> query </search> (results come back "
+    "inside <information> ... </information>) or give the final answer with "
+    "<answer> ... </answer>. When there are several questions separated by \"; \", answer all of "
+    "them in order, separated by \"; \"."
+)
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the offending field(s)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class WorldConfig(_Section):
+    seed: int = Field(0, description="Seed of the synthetic world; same seed, same bytes.")
+    dir: str = Field(".cache/world", description="Where the built world is cached (one subfolder per config hash).")
+    num_countries: int = Field(12, ge=2, description="Fictional countries.")
+    num_cities: int = Field(48, ge=2, description="Fictional cities, each in one country.")
+    num_people: int = Field(160, ge=2, description="Fictional people, each born in a city and educated at a university.")
+    num_universities: int = Field(24, ge=1, description="Fictional universities, each located in a city.")
+    num_companies: int = Field(60, ge=1, description="Fictional companies, each founded by a person and based in a city.")
+    distractors_per_entity: int = Field(1, ge=0, description="Distractor passages per entity (mention it without stating the asked fact).")
+    train_questions: int = Field(2000, ge=1, description="Training prompts to generate.")
+    test_questions: int = Field(300, ge=1, description="Held-out prompts per objective count k in test_objectives.")
+    train_objectives: list[int] = Field([1, 2], description="Objective counts k used in training prompts (the paper trains on k=2).")
+    test_objectives: list[int] = Field([1, 2, 4], description="Objective counts k of the held-out test sets.")
+    two_hop_share: float = Field(0.5, ge=0.0, le=1.0, description="Share of questions that need two hops.")
+    oracle_trajectories: int = Field(600, ge=0, description="Oracle (SFT cold-start) trajectories to generate from training prompts.")
+    oracle_imperfect_share: float = Field(0.2, ge=0.0, le=1.0, description="Share of oracle trajectories with imperfect behaviour (sloppy memory, redundant search, early answer).")
+    tokenizer_vocab_size: int = Field(2048, ge=300, description="Vocabulary size of the world's byte-level BPE tokenizer.")
+
+
+class ModelConfig(_Section):
+    path: str = Field("world", description="Policy model directory; 'world' means the embedded tiny model built by `mempo world`.")
+    hidden_size: int = Field(128, ge=32, description="Tiny model: hidden size (num_attention_heads * head_dim).")
+    num_layers: int = Field(2, ge=1, description="Tiny model: decoder layers.")
+    num_attention_heads: int = Field(2, ge=1, description="Tiny model: attention heads.")
+    num_key_value_heads: int = Field(1, ge=1, description="Tiny model: key/value heads (GQA).")
+    head_dim: int = Field(64, description="Tiny model: head dim; vLLM's CPU attention needs one of 32, 64, 80, 96, 112, 128, ...")
+    intermediate_size: int = Field(256, ge=1, description="Tiny model: MLP width.")
+    max_position_embeddings: int = Field(4096, ge=128, description="Tiny model: longest sequence.")
+    seed: int = Field(0, description="Seed of the tiny model's random init.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Compute dtype; auto = bf16 on GPU, fp32 on CPU.")
+
+
+class EngineConfig(_Section):
+    max_model_len: int = Field(4096, ge=64, description="vLLM max_model_len (context + generation).")
+    gpu_memory_utilization: float = Field(0.6, gt=0.0, le=1.0, description="vLLM gpu_memory_utilization (GPU only).")
+    enforce_eager: bool = Field(True, description="Disable CUDA graphs / torch.compile (fast start; required in tests).")
+    seed: int = Field(0, description="vLLM engine seed.")
+    cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU machines, GiB.")
+    max_num_seqs: int = Field(64, ge=1, description="vLLM max_num_seqs: sequences batched per engine step.")
+
+
+class RolloutConfig(_Section):
+    n: int = Field(16, ge=1, description="Rollouts per prompt (the GRPO group size).")
+    max_turns: int = Field(16, ge=1, description="Maximum assistant turns per episode.")
+    memory_window: Union[int, Literal["full"]] = Field(1, description="Turns of history the agent sees besides system+question: 1 = MemPO (previous turn only), w = last w turns, 'full' = whole history (Search-R1-like baseline).")
+    max_response_tokens: int = Field(512, ge=1, description="Maximum generated tokens per turn.")
+    max_context_tokens: int = Field(3584, ge=16, description="An episode ends when a turn's context would exceed this.")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling top-p.")
+    stop: list[str] = Field(["</search>", "</answer>"], description="Stop strings: nothing is generated after an action.")
+    invalid_action: Literal["observe", "stop"] = Field("observe", description="A turn with no valid action: 'observe' returns an error observation and continues, 'stop' ends the episode.")
+    system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System message of every prompt.")
+    topk: int = Field(3, ge=1, description="Passages per search call.")
+    replicas: int = Field(1, ge=1, description="Rollout deployment replicas (one vLLM engine each).")
+    max_concurrent_episodes: int = Field(64, ge=1, description="Episodes in flight per replica.")
+
+
+class SearchConfig(_Section):
+    backend: Literal["bm25", "dense"] = Field("bm25", description="Retrieval backend.")
+    corpus: str = Field("world", description="JSONL corpus path (Search-R1 format); 'world' = the embedded world's corpus.")
+    index_dir: str = Field("", description="Index directory; empty = next to the corpus.")
+    embedding_model: str = Field("", description="Dense backend: local path of an e5-style encoder.")
+    query_prefix: str = Field("query: ", description="Dense backend: prefix of every query (e5 convention).")
+    max_topk: int = Field(50, ge=1, description="Largest topk a request may ask for.")
+    timeout_s: float = Field(10.0, gt=0, description="Client timeout per search call, seconds.")
+    retries: int = Field(2, ge=0, description="Client retries after a failed search call.")
+    replicas: int = Field(1, ge=1, description="Search deployment replicas.")
+    doc_format: str = Field("Doc {i} (Title: {title}) {text}", description="How one passage is shown to the agent inside <information>.")
+
+
+class ScorerConfig(_Section):
+    tau: float = Field(math.log(0.5), description="Keep an answer token if its log-prob exceeds tau (reference: log 0.5).")
+    filter_mode: Literal["independent", "joint", "none"] = Field("independent", description="Token filter: each side its own (reference), both sides must pass, or keep all answer tokens.")
+    answer_template: str = Field(DEFAULT_ANSWER_TEMPLATE, description="Assistant continuation scored after each context; {gold} is the gold answer.")
+    gold_joiner: str = Field("; ", description="Joins the first gold answer of each question when k > 1.")
+    mean_eps: float = Field(1e-8, gt=0, description="Added to the kept-token count in P = exp(sum/count) (reference 1e-8).")
+    token_budget: int = Field(8192, ge=64, description="Tokens per packed scoring micro-batch.")
+    max_request_tokens: int = Field(32768, ge=64, description="REST requests above this many tokens get 413.")
+    replicas: int = Field(1, ge=1, description="Scorer deployment replicas.")
+
+
+class AlgorithmConfig(_Section):
+    grpo_eps: float = Field(1e-6, gt=0, description="A_out = (R - mean) / (std + grpo_eps).")
+    mem_eps: float = Field(1e-6, gt=0, description="A_mem = (R_mem - mean) / (std + mem_eps).")
+    mem_pooling: Literal["prompt", "prompt_turn"] = Field("prompt", description="Pool memory rewards per prompt (reference) or per (prompt, turn index).")
+    mem_alpha: float = Field(1.0, description="Weight of A_mem added on <mem> tokens (reference 1).")
+    use_memory_reward: bool = Field(True, description="False gives MEM1-like GRPO on the memory context (no A_mem).")
+    answer_separator: str = Field(";", description="Splits a multi-objective answer into per-question answers.")
+
+
+class LearnerConfig(_Section):
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    warmup_steps: int = Field(0, ge=0, description="Linear lr warmup steps.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+    clip_eps_low: float = Field(0.2, ge=0, description="PPO ratio clip, lower side.")
+    clip_eps_high: float = Field(0.2, ge=0, description="PPO ratio clip, upper side.")
+    dual_clip_c: float = Field(3.0, gt=1.0, description="Dual-clip constant for negative advantages.")
+    kl_coef: float = Field(0.001, ge=0, description="Weight of the KL-to-reference loss term.")
+    kl_type: Literal["low_var_kl", "k1", "k2"] = Field("low_var_kl", description="KL estimator.")
+    loss_agg: Literal["seq-mean-token-mean", "token-mean"] = Field("seq-mean-token-mean", description="Loss aggregation (paper: seq-mean-token-mean).")
+    micro_token_budget: int = Field(8192, ge=64, description="Tokens per micro-batch (gradient accumulation over micro-batches).")
+    world_size: int = Field(1, ge=1, description="FSDP workers (one per GPU or CPU slot).")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend; auto = nccl on GPU, gloo on CPU.")
+    checkpoint_every: int = Field(50, ge=1, description="Sharded checkpoint every N steps.")
+    resume: Literal["auto", "never"] = Field("auto", description="auto = resume from the latest complete checkpoint.")
+    sft_lr: float = Field(1e-5, gt=0, description="Learning rate of the SFT cold start.")
+
+
+class TrainConfig(_Section):
+    steps: int = Field(200, ge=0, description="RL steps.")
+    prompts_per_step: int = Field(128, ge=1, description="Prompts per step (reference 128; each gets rollout.n rollouts).")
+    sft_epochs: int = Field(1, ge=0, description="Epochs over the oracle trajectories in the SFT cold start.")
+    eval_every: int = Field(10, ge=1, description="Evaluate every N steps.")
+    seed: int = Field(0, description="Seed of data order and sampling.")
+    run_dir: str = Field("runs/default", description="Where checkpoints, logs and reports go.")
+
+
+class RayConfig(_Section):
+    address: str = Field("", description="Ray address; empty starts a local cluster.")
+    num_cpus: int = Field(0, ge=0, description="CPUs of a local cluster; 0 = all.")
+    object_store_memory: int = Field(1_000_000_000, ge=78_643_200, description="Object store bytes of a local cluster.")
+    http_host: str = Field("127.0.0.1", description="Serve HTTP host.")
+    http_port: int = Field(8000, ge=1, le=65535, description="Serve HTTP port.")
+
+
+class MempoConfig(_Section):
+    """Root of the config tree: one section per concern."""
+
+    world: WorldConfig = Field(default_factory=WorldConfig, description="The embedded synthetic world.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model (and the tiny model's shape).")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine arguments.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="The agent loop.")
+    search: SearchConfig = Field(default_factory=SearchConfig, description="Retrieval service.")
+    scorer: ScorerConfig = Field(default_factory=ScorerConfig, description="Memory reward scoring.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Rewards and advantages.")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Policy update and FSDP.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="The training loop.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster and Serve.")
+
+
+def _format_errors(err: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        if prefix:
+            loc = f"{prefix}.{loc}" if loc else prefix
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown key{_suggest(loc)}")
+        else:
+            lines.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _field_paths(model: type[BaseModel] = MempoConfig, prefix: str = "") -> list[str]:
+    out = []
+    for name, f in model.model_fields.items():
+        path = f"{prefix}{name}"
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.extend(_field_paths(ann, path + "."))
+        else:
+            out.append(path)
+    return out
+
+
+def _suggest(key: str) -> str:
+    close = difflib.get_close_matches(key, _field_paths(), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"rollout.n=8"`` -> (["rollout", "n"], 8). Values are parsed as YAML scalars/lists."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{key}: value {raw!r} is not valid YAML: {e}") from None
+    return key.split("."), value
+
+
+def _apply(tree: dict, path: list[str], value: Any) -> None:
+    model: type[BaseModel] = MempoConfig
+    node = tree
+    for i, part in enumerate(path):
+        dotted = ".".join(path[: i + 1])
+        if part not in model.model_fields:
+            raise ConfigError(f"{dotted}: unknown key{_suggest(dotted)}")
+        ann = model.model_fields[part].annotation
+        if i == len(path) - 1:
+            node[part] = value
+        else:
+            if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+                raise ConfigError(f"{dotted}: is a value, not a section")
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{dotted}: expected a section")
+            model = ann
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> MempoConfig:
+    """Load a YAML config (or the defaults if ``path`` is None) and apply ``key=value`` overrides."""
+    tree: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: top level must be a mapping of sections")
+        tree = loaded
+    for ov in overrides:
+        keys, value = parse_override(ov)
+        _apply(tree, keys, value)
+    try:
+        return MempoConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e)) from None
+
+
+def to_yaml(cfg: MempoConfig) -> str:
+    """The full resolved config as YAML (every field, defaults included)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def describe_fields(model: type[BaseModel] = MempoConfig, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted key, default, help) for every leaf field of the tree."""
+    rows = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.extend(describe_fields(ann, f"{prefix}{name}."))
+        else:
+            rows.append((f"{prefix}{name}", f.get_default(call_default_factory=True), f.description or ""))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if argv and argv[0] == "--help-fields":
+        for key, default, help_ in describe_fields():
+            print(f"{key} = {default!r}\n    {help_}")
+        return 0
+    path = argv.pop(0) if argv and "=" not in argv[0] else None
+    try:
+        print(to_yaml(load_config(path, argv)), end="")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

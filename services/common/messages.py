@@ -1,0 +1,195 @@
+"""Every message that crosses a service boundary in mempo, as typed dataclasses.
+
+Flow of one training step (see docs/architecture.md):
+
+    driver --PromptBatch--> rollout --TrajectoryBatch--> scorer --MemoryScoreBatch--> learner
+    learner --TrainingBatch (internal, to its FSDP workers)--> learner --WeightUpdate--> rollout, scorer
+    every stage --Metrics--> driver
+
+Token data is kept as token ids and positions (MEMPO.md section 2), never as re-tokenised text:
+
+* ``Episode.prompt_ids`` is the chat-template encoding of [system, user] plus the assistant
+  generation prompt, captured at turn 1 (the reference's ``mem_sys_prompt_ids``).
+* ``Episode.full_ids`` is the uncompressed history: prompt, then every turn's response ids and
+  observation ids. The *full context* of turn t is ``full_ids[:turn.full_prefix_len]``.
+* The *mem context* of turn t is ``prompt_ids + turn.response_ids[mem_start:mem_end]``.
+* ``TurnRecord.context_ids`` is what the policy actually saw when it generated the turn (memory
+  window applied), so the learner trains each turn under its own context.
+
+Encode with ``services.common.codec.encode`` / ``decode``; move through Ray with
+``services.common.transport``. Bump ``codec.SCHEMA_VERSION`` when a field changes meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import numpy as np
+import torch
+
+from services.common.codec import array_field, message
+
+Scalar = Union[int, float, str, bool]
+
+
+@message
+class ChatMessage:
+    role: str
+    content: str
+
+
+@message
+class Prompt:
+    """One task: a chat prompt with k >= 1 questions and the gold answers of each."""
+
+    uid: str
+    messages: list[ChatMessage]
+    # golds[q] = acceptable answers of question q (k = len(golds) objectives)
+    golds: list[list[str]]
+    data_source: str = "mempo_world"
+    extra: dict[str, Scalar] = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.extra is None:
+            self.extra = {}
+
+
+@message
+class PromptBatch:
+    """Driver -> rollout: prompts to roll out, each ``n`` times, with the policy version expected."""
+
+    prompts: list[Prompt]
+    n: int
+    policy_version: int
+    step: int = 0
+    seed: int = 0
+
+
+@message
+class TurnRecord:
+    """One assistant turn of one episode (MEMPO.md section 2). Spans index ``response_ids``."""
+
+    turn: int
+    context_ids: np.ndarray = array_field("int32")
+    response_ids: np.ndarray = array_field("int32")
+    response_logprobs: np.ndarray = array_field("float32")  # sampling log-probs, one per response id
+    mem_start: int = -1  # [mem_start, mem_end) covers "<mem>...</mem>"; -1 = no (complete) block
+    mem_end: int = -1
+    action: str = "none"  # "search" | "answer" | "invalid" | "none" (truncated)
+    action_text: str = ""  # the search query or the answer
+    observation_ids: np.ndarray = array_field("int32", default_factory=lambda: np.zeros(0, np.int32))
+    full_prefix_len: int = 0  # full context of this turn = Episode.full_ids[:full_prefix_len]
+    policy_version: int = 0
+    finish_reason: str = ""  # engine finish reason: "stop" | "length" | ...
+
+
+@message
+class Episode:
+    """One rollout: every turn of one agent run on one prompt."""
+
+    uid: str  # f"{prompt uid}/{sample index}"
+    sample: int
+    prompt_ids: np.ndarray = array_field("int32")
+    full_ids: np.ndarray = array_field("int32")
+    turns: list[TurnRecord] = None  # type: ignore[assignment]
+    answer: Optional[str] = None  # text of the last <answer>, None if it never answered
+    finish_reason: str = ""  # "answer" | "max_turns" | "max_context" | "invalid_action" | "error"
+    tool_calls: int = 0
+    tool_failures: int = 0
+
+    def __post_init__(self):
+        if self.turns is None:
+            self.turns = []
+
+
+@message
+class RolloutGroup:
+    """All n rollouts of one prompt (one GRPO group)."""
+
+    prompt: Prompt
+    episodes: list[Episode]
+
+
+@message
+class TrajectoryBatch:
+    """Rollout -> scorer/learner: the groups produced for one PromptBatch."""
+
+    groups: list[RolloutGroup]
+    policy_version: int  # version at the start of the call (each turn records its own)
+    step: int = 0
+    metrics: dict[str, float] = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.metrics is None:
+            self.metrics = {}
+
+
+@message
+class MemoryScore:
+    """The memory reward of one <mem> block (MEMPO.md section 3)."""
+
+    group: int  # index into TrajectoryBatch.groups
+    episode: int  # index into RolloutGroup.episodes
+    turn: int  # index into Episode.turns
+    answer_ids: np.ndarray = array_field("int32")  # the scored continuation's answer tokens
+    full_logp: np.ndarray = array_field("float32")
+    mem_logp: np.ndarray = array_field("float32")
+    full_keep: np.ndarray = array_field("bool")
+    mem_keep: np.ndarray = array_field("bool")
+    p_full: float = 0.0
+    p_mem: float = 0.0
+    r_mem: float = 0.0
+
+
+@message
+class MemoryScoreBatch:
+    """Scorer -> learner: every block's score, and how it was computed."""
+
+    scores: list[MemoryScore]
+    policy_version: int
+    tau: float
+    filter_mode: str
+    step: int = 0
+    metrics: dict[str, float] = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.metrics is None:
+            self.metrics = {}
+
+
+@message
+class TrainingBatch:
+    """Learner-internal (driver -> FSDP workers): packed (context, response) samples.
+
+    Sample i occupies ``input_ids[cu_seqlens[i]:cu_seqlens[i+1]]``; the per-token arrays align
+    with ``input_ids`` and are zero outside generated tokens (``loss_mask`` = 1 on them).
+    """
+
+    input_ids: np.ndarray = array_field("int32")
+    cu_seqlens: np.ndarray = array_field("int64")
+    loss_mask: np.ndarray = array_field("bool")
+    advantages: np.ndarray = array_field("float32")
+    rollout_logprobs: np.ndarray = array_field("float32")
+    mem_mask: np.ndarray = array_field("bool")
+    group_ids: np.ndarray = array_field("int32")  # per sample: which prompt group
+    policy_version: int = 0
+    step: int = 0
+
+
+@message
+class WeightUpdate:
+    """Learner -> rollout and scorer replicas: a full policy state dict and its version."""
+
+    version: int
+    tensors: dict[str, torch.Tensor]
+    step: int = 0
+
+
+@message
+class Metrics:
+    """Any stage -> driver: named numbers for one step."""
+
+    stage: str
+    step: int
+    values: dict[str, float]
+    wall_time: float = 0.0
