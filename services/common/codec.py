@@ -90,20 +90,25 @@ def _unpack_array(data: bytes) -> tuple[str, tuple[int, ...], memoryview]:
     return dtype, tuple(shape), memoryview(data)[4 + hlen :]
 
 
+def _tensor_bytes(t: Any) -> bytes:
+    """Raw bytes of a tensor in C order (0-d, empty and bfloat16 tensors included)."""
+    t = t.detach().to("cpu").contiguous()
+    # .reshape(-1): .view(uint8) refuses 0-d tensors; empty tensors may have odd strides, so skip them
+    return t.reshape(-1).view(_torch().uint8).numpy().tobytes() if t.numel() else b""
+
+
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         if obj.dtype.hasobject or obj.dtype.kind in "UVSM":
             raise TypeError(f"arrays of dtype {obj.dtype} cannot be sent")
-        arr = np.ascontiguousarray(obj)
+        arr = obj if obj.flags.c_contiguous else np.ascontiguousarray(obj)  # (ascontiguousarray makes 0-d 1-d)
         return msgpack.ExtType(_EXT_NDARRAY, _pack_array(arr.dtype.str, arr.shape, arr.data.cast("B") if arr.size else b""))
     if isinstance(obj, np.generic):
         return obj.item()
     torch = _torch() if type(obj).__module__.startswith("torch") else None
     if torch is not None and isinstance(obj, torch.Tensor):
-        t = obj.detach().to("cpu").contiguous()
-        name = str(t.dtype).removeprefix("torch.")
-        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return msgpack.ExtType(_EXT_TENSOR, _pack_array(name, tuple(t.shape), raw))
+        name = str(obj.dtype).removeprefix("torch.")
+        return msgpack.ExtType(_EXT_TENSOR, _pack_array(name, tuple(obj.shape), _tensor_bytes(obj)))
     raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
@@ -226,7 +231,10 @@ def _check(value: Any, tp: Any, path: str, meta: dict | None = None) -> Any:
 
 def _build(cls: type[T], value: Any, path: str) -> T:
     if isinstance(value, cls):
-        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(cls)}
+        live = value
+        value = {f.name: getattr(live, f.name) for f in dataclasses.fields(cls) if hasattr(live, f.name)}
+        if len(value) != len(dataclasses.fields(cls)):  # an attribute was deleted from the instance
+            raise ProtocolError(f"{path}.{next(f.name for f in dataclasses.fields(cls) if f.name not in value)}", "missing field")
     if not isinstance(value, dict):
         raise ProtocolError(path, f"expected a {cls.__name__} mapping, got {type(value).__name__}")
     hints = _hints(cls)
@@ -283,7 +291,7 @@ def decode(data: bytes | bytearray | memoryview, expected: type[T] | None = None
     if not isinstance(env, dict):
         raise ProtocolError(where, "malformed payload (no envelope)")
     schema = env.get("schema")
-    if schema != SCHEMA_VERSION:
+    if type(schema) is not int or schema != SCHEMA_VERSION:  # (an array here must not reach `!=`)
         raise ProtocolError(f"{where}.schema", f"schema version {schema!r} is not supported (this build speaks {SCHEMA_VERSION})")
     kind = env.get("kind")
     if not isinstance(kind, str) or kind not in _REGISTRY:
@@ -310,7 +318,7 @@ def same(a: Any, b: Any) -> bool:
     if type(a).__module__.startswith("torch"):
         torch = _torch()
         return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
-                and a.contiguous().view(torch.uint8).numpy().tobytes() == b.contiguous().view(torch.uint8).numpy().tobytes())
+                and _tensor_bytes(a) == _tensor_bytes(b))
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):

@@ -1,0 +1,1 @@
+"""mempo learner service."""

@@ -1,0 +1,1 @@
+"""mempo search_tool service."""

@@ -1,0 +1,1 @@
+"""The embedded synthetic world: entities, corpus, questions, oracle agent, tokenizer, tiny model."""

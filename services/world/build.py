@@ -1,0 +1,182 @@
+"""Build (or find cached) the embedded world: graph, corpus, index, questions, SFT data, tokenizer, model.
+
+Everything is generated from the config's seeds (nothing is downloaded) into
+``{world.dir}/{key}/`` where ``key`` hashes every setting that changes the output, so a changed
+config builds a new world and an unchanged one is reused. A build writes into a temporary folder
+and renames it when complete, so a killed build never leaves a half world behind.
+
+    python -m services.world build [deploy/configs/tiny.yaml] [world.seed=3 ...]
+    python -m services.world show
+
+Layout of a built world:
+    manifest.json     counts, timings, config key, file sizes
+    world.json        the entity graph
+    corpus.jsonl      Search-R1 corpus rows {"id", "contents"}
+    index/bm25/       the BM25 index over the corpus
+    train.parquet     training prompts (verl / Search-R1 layout)
+    test.parquet      held-out prompts, test_questions per k in world.test_objectives
+    oracle.jsonl      oracle trajectories in the MemPO grammar (SFT cold start)
+    model/            tiny Qwen2 model + tokenizer (save_pretrained)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from services.common.config import MempoConfig
+from services.search_tool.bm25_index import BM25Index
+from services.world.corpus import build_corpus, write_jsonl
+from services.world.entities import generate_world
+from services.world.oracle import BEHAVIOURS, OracleAgent
+from services.world.questions import build_question_sets, questions_of
+
+log = logging.getLogger("mempo.world")
+FORMAT_VERSION = 1  # bump when the generator's output changes for the same config
+
+
+def world_key(cfg: MempoConfig) -> str:
+    """Hash of everything that shapes the built world."""
+    shape = {
+        "format": FORMAT_VERSION,
+        "world": cfg.world.model_dump(exclude={"dir"}),
+        "model": cfg.model.model_dump(exclude={"path", "dtype"}),
+        "system_prompt": cfg.rollout.system_prompt,
+        "topk": cfg.rollout.topk,
+        "max_turns": cfg.rollout.max_turns,
+        "doc_format": cfg.search.doc_format,
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def world_dir(cfg: MempoConfig) -> Path:
+    return Path(cfg.world.dir) / world_key(cfg)
+
+
+def is_built(path: Path) -> bool:
+    return (path / "manifest.json").is_file()
+
+
+def model_path(cfg: MempoConfig) -> Path:
+    """The policy model directory: the world's tiny model unless ``model.path`` names another."""
+    return world_dir(cfg) / "model" if cfg.model.path == "world" else Path(cfg.model.path)
+
+
+def corpus_path(cfg: MempoConfig) -> Path:
+    return world_dir(cfg) / "corpus.jsonl" if cfg.search.corpus == "world" else Path(cfg.search.corpus)
+
+
+def _oracle_data(cfg: MempoConfig, train_rows: list[dict], index: BM25Index, progress: bool) -> list[dict]:
+    rng = random.Random(cfg.world.seed + 3)
+    agent = OracleAgent(lambda qs, k: [[d for d, _ in hits] for hits in index.search(qs, k)],
+                        topk=cfg.rollout.topk, doc_format=cfg.search.doc_format, max_turns=cfg.rollout.max_turns)
+    out = []
+    rows = train_rows[: cfg.world.oracle_trajectories]
+    for row in tqdm(rows, desc="oracle trajectories", disable=not progress, leave=False):
+        imperfect = rng.random() < cfg.world.oracle_imperfect_share
+        behaviour = rng.choice(BEHAVIOURS[1:]) if imperfect else "perfect"
+        traj = agent.solve(questions_of(row), cfg.rollout.system_prompt, behaviour, rng)
+        out.append({"index": int(row["extra_info"]["index"]), "k": int(row["extra_info"]["k"]),
+                    "behaviour": traj.behaviour, "em": traj.em, "finished": traj.finished,
+                    "searches": traj.searches, "turns": traj.turns, "answer": traj.answer,
+                    "golds": traj.golds, "messages": traj.messages})
+    return out
+
+
+def build_world(cfg: MempoConfig, force: bool = False, progress: bool = True) -> Path:
+    """Build the world for ``cfg`` unless an identical one is cached; returns its directory."""
+    from services.world.tiny_model import save_tiny_model
+    from services.world.tokenizer import train_tokenizer
+
+    final = world_dir(cfg)
+    if is_built(final) and not force:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    timings: dict[str, float] = {}
+    steps = tqdm(total=6, desc="building world", disable=not progress)
+
+    def stage(name: str, t0: float) -> float:
+        timings[name] = round(time.perf_counter() - t0, 3)
+        steps.set_postfix_str(name)
+        steps.update(1)
+        return time.perf_counter()
+
+    t = t_start = time.perf_counter()
+    world = generate_world(cfg.world)
+    (tmp / "world.json").write_text(json.dumps(world.to_dict(), indent=1))
+    t = stage("graph", t)
+
+    rows, page_ids = build_corpus(world, cfg.world)
+    write_jsonl(rows, tmp / "corpus.jsonl")
+    index = BM25Index.build(rows)
+    index.save(tmp / "index" / "bm25")
+    t = stage("corpus+index", t)
+
+    train, test = build_question_sets(world, cfg.world, cfg.rollout.system_prompt, page_ids)
+    train.to_parquet(tmp / "train.parquet", index=False)
+    test.to_parquet(tmp / "test.parquet", index=False)
+    t = stage("questions", t)
+
+    oracle = _oracle_data(cfg, train.to_dict("records"), index, progress)
+    with open(tmp / "oracle.jsonl", "w", encoding="utf-8") as f:
+        for r in oracle:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    t = stage("oracle", t)
+
+    texts = [r["contents"] for r in rows]
+    texts += [cfg.rollout.system_prompt] + [m["content"] for p in train["prompt"] for m in p[1:]]
+    texts += [m["content"] for r in oracle for m in r["messages"][1:]]
+    tokenizer = train_tokenizer(texts, cfg.world.tokenizer_vocab_size)
+    t = stage("tokenizer", t)
+
+    save_tiny_model(cfg.model, tokenizer, tmp / "model")
+    t = stage("model", t)
+    steps.close()
+
+    manifest = {
+        "key": final.name,
+        "format": FORMAT_VERSION,
+        "seed": cfg.world.seed,
+        "counts": {"countries": len(world.countries), "cities": len(world.cities),
+                   "universities": len(world.universities), "people": len(world.people),
+                   "companies": len(world.companies), "passages": len(rows), "train_prompts": len(train),
+                   "test_prompts": len(test), "oracle_trajectories": len(oracle), "vocab_size": len(tokenizer)},
+        "oracle_em": round(sum(r["em"] for r in oracle) / max(1, len(oracle)), 4),
+        "world_config": cfg.world.model_dump(exclude={"dir"}),
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    # timings vary run to run, so they live apart from the (byte-deterministic) outputs
+    build_log = {"timings_s": timings, "build_s": round(time.perf_counter() - t_start, 3)}
+    (tmp / "build_log.json").write_text(json.dumps(build_log, indent=1))
+    if final.exists():  # force rebuild (or a concurrent builder finished first)
+        shutil.rmtree(final)
+    try:
+        tmp.rename(final)
+    except OSError:
+        if not is_built(final):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("world %s built in %.1fs", final, build_log["build_s"])
+    return final
+
+
+def load_manifest(path: Path) -> dict:
+    """The manifest, plus the build timings when the build log is there."""
+    if not is_built(path):
+        raise FileNotFoundError(f"no built world at {path}; run `make world` (python -m services.world build)")
+    manifest = json.loads((path / "manifest.json").read_text())
+    log_file = path / "build_log.json"
+    if log_file.is_file():
+        manifest.update(json.loads(log_file.read_text()))
+    return manifest

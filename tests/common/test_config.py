@@ -1,0 +1,195 @@
+"""The config tree (services/common/config.py): defaults, MemPO reference numbers, YAML + overrides,
+and errors that name the field."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.common.config import (ConfigError, MempoConfig, describe_fields, load_config, main, parse_override,
+                                    to_yaml)
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY_CONFIGS = sorted((REPO / "deploy" / "configs").glob("*.y*ml"))
+
+
+def test_defaults_load():
+    cfg = load_config()
+    assert isinstance(cfg, MempoConfig)
+    assert cfg == load_config(None, [])
+    # the dumped YAML is complete and loads back to the same config
+    assert MempoConfig.model_validate(yaml.safe_load(to_yaml(cfg))) == cfg
+
+
+def test_every_leaf_field_is_documented():
+    rows = describe_fields()
+    assert len(rows) > 50
+    keys = [k for k, _, _ in rows]
+    assert len(keys) == len(set(keys))
+    undocumented = [k for k, _, h in rows if not h.strip()]
+    assert not undocumented, f"fields without a description: {undocumented}"
+    for key in ["rollout.n", "scorer.tau", "learner.lr", "train.prompts_per_step", "ray.http_port"]:
+        assert key in keys
+
+
+def test_describe_fields_defaults_match_the_model():
+    cfg = load_config()
+    for key, default, _ in describe_fields():
+        section, name = key.split(".")
+        assert getattr(getattr(cfg, section), name) == default, key
+
+
+def test_mempo_reference_defaults():
+    cfg = load_config()
+    assert cfg.scorer.tau == math.log(0.5)
+    assert cfg.scorer.filter_mode == "independent"
+    assert cfg.rollout.n == 16
+    assert cfg.rollout.max_turns == 16
+    assert cfg.rollout.temperature == 1.0
+    assert cfg.rollout.memory_window == 1
+    assert cfg.learner.clip_eps_low == cfg.learner.clip_eps_high == 0.2
+    assert cfg.learner.dual_clip_c == 3
+    assert cfg.learner.kl_coef == 0.001
+    assert cfg.learner.lr == 1e-6
+    assert cfg.learner.loss_agg == "seq-mean-token-mean"
+    assert cfg.train.prompts_per_step == 128
+    assert cfg.algorithm.mem_alpha == 1
+    assert cfg.algorithm.use_memory_reward is True
+    assert "{gold}" in cfg.scorer.answer_template
+
+
+def test_yaml_file_and_overrides(tmp_path):
+    p = tmp_path / "run.yaml"
+    p.write_text(yaml.safe_dump({
+        "rollout": {"n": 8, "max_turns": 6, "stop": ["</answer>"]},
+        "scorer": {"filter_mode": "joint"},
+        "train": {"prompts_per_step": 4},
+    }))
+    cfg = load_config(p)
+    assert (cfg.rollout.n, cfg.rollout.max_turns, cfg.rollout.stop) == (8, 6, ["</answer>"])
+    assert cfg.scorer.filter_mode == "joint" and cfg.train.prompts_per_step == 4
+    assert cfg.learner.lr == 1e-6  # untouched sections keep their defaults
+
+    cfg = load_config(str(p), ["rollout.n=4", "rollout.stop=[a,b]", "rollout.memory_window=full",
+                               "scorer.tau=-1.5", "learner.lr=2e-5", "algorithm.use_memory_reward=false",
+                               "search.query_prefix=", "ray.address=auto"])
+    assert cfg.rollout.n == 4  # override beats the file
+    assert cfg.rollout.max_turns == 6  # file beats the default
+    assert cfg.rollout.stop == ["a", "b"]
+    assert cfg.rollout.memory_window == "full"
+    assert cfg.scorer.tau == -1.5
+    assert cfg.learner.lr == 2e-5
+    assert cfg.algorithm.use_memory_reward is False
+    assert cfg.search.query_prefix == ""
+    assert cfg.ray.address == "auto"
+
+    assert load_config(None, ["rollout.memory_window=3"]).rollout.memory_window == 3
+    assert load_config(None, ["rollout.n=2", "rollout.n=5"]).rollout.n == 5  # last one wins
+
+
+def test_parse_override():
+    assert parse_override("rollout.n=8") == (["rollout", "n"], 8)
+    assert parse_override("rollout.stop=[a, b]") == (["rollout", "stop"], ["a", "b"])
+    assert parse_override("scorer.answer_template=x=y") == (["scorer", "answer_template"], "x=y")
+    assert parse_override(" rollout.n =3") == (["rollout", "n"], 3)
+
+
+def _error(path=None, overrides=()) -> str:
+    with pytest.raises(ConfigError) as ei:
+        load_config(path, list(overrides))
+    assert ei.type is ConfigError
+    return str(ei.value)
+
+
+@pytest.mark.parametrize("override,key,suggestion", [
+    ("rollout.nn=4", "rollout.nn", "rollout.n"),
+    ("rollout.temprature=0.5", "rollout.temprature", "rollout.temperature"),
+    ("scorer.filtermode=joint", "scorer.filtermode", "scorer.filter_mode"),
+    ("learner.kl_cof=0.1", "learner.kl_cof", "learner.kl_coef"),
+])
+def test_bad_key_in_override(override, key, suggestion):
+    msg = _error(overrides=[override])
+    assert key in msg and "unknown key" in msg
+    assert f"did you mean '{suggestion}'" in msg
+
+
+def test_bad_section_in_override():
+    msg = _error(overrides=["rollot.n=4"])
+    assert "rollot" in msg and "unknown key" in msg
+
+
+def test_bad_key_in_yaml(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("rollout:\n  n: 4\n  max_turn: 3\nlearner:\n  clip_eps_hi: 0.3\n")
+    msg = _error(p)
+    assert "rollout.max_turn" in msg and "did you mean 'rollout.max_turns'" in msg
+    assert "learner.clip_eps_hi" in msg and "did you mean 'learner.clip_eps_high'" in msg
+    p.write_text("rollot:\n  n: 4\n")
+    assert "rollot" in _error(p)
+
+
+@pytest.mark.parametrize("override,field", [
+    ("rollout.n=0", "rollout.n"),
+    ("rollout.n=abc", "rollout.n"),
+    ("rollout.n=[1,2]", "rollout.n"),
+    ("scorer.filter_mode=bogus", "scorer.filter_mode"),
+    ("rollout.memory_window=half", "rollout.memory_window"),
+    ("rollout.top_p=1.5", "rollout.top_p"),
+    ("learner.dual_clip_c=1", "learner.dual_clip_c"),
+    ("model.dtype=int8", "model.dtype"),
+    ("rollout.stop=3", "rollout.stop"),
+])
+def test_bad_value_names_the_field(override, field):
+    msg = _error(overrides=[override])
+    assert field in msg
+
+
+def test_bad_value_in_yaml(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("scorer:\n  filter_mode: bogus\ntrain:\n  prompts_per_step: -1\n")
+    msg = _error(p)
+    assert "scorer.filter_mode" in msg and "train.prompts_per_step" in msg
+
+
+def test_override_on_a_non_section():
+    msg = _error(overrides=["rollout.n.x=1"])
+    assert "rollout.n" in msg and "not a section" in msg
+
+
+@pytest.mark.parametrize("bad", ["rollout.n", "rollout", "", "=3", "rollout..n=3", ".n=3"])
+def test_malformed_override(bad):
+    msg = _error(overrides=[bad])
+    assert repr(bad) in msg or "override" in msg
+
+
+def test_bad_files(tmp_path):
+    assert "does not exist" in _error(tmp_path / "missing.yaml")
+    p = tmp_path / "list.yaml"
+    p.write_text("- 1\n- 2\n")
+    assert "mapping" in _error(p)
+    p.write_text("rollout: [unclosed\n")
+    assert "YAML" in _error(p)
+    p.write_text("")
+    assert load_config(p) == load_config()  # an empty file is the defaults
+
+
+def test_cli(capsys, tmp_path):
+    assert main(["rollout.n=3"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["rollout"]["n"] == 3
+    assert main(["rollout.nn=3"]) == 2
+    assert "rollout.nn" in capsys.readouterr().err
+    assert main(["--help-fields"]) == 0
+    assert "scorer.tau" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", DEPLOY_CONFIGS or [None], ids=lambda p: p.name if p else "none")
+def test_deploy_configs_load(path):
+    if path is None:
+        pytest.skip("no YAML files in deploy/configs/ yet")
+    cfg = load_config(path)
+    assert isinstance(cfg, MempoConfig)
+    # and they survive a dump / reload
+    assert MempoConfig.model_validate(yaml.safe_load(to_yaml(cfg))) == cfg
