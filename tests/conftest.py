@@ -38,3 +38,34 @@ def ray_cluster():
                  log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+TINY_CONFIG = os.path.join(os.path.dirname(__file__), "..", "deploy", "configs", "tiny.yaml")
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg():
+    """The laptop/CI config (deploy/configs/tiny.yaml)."""
+    from services.common.config import load_config
+
+    return load_config(TINY_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def world(tiny_cfg):
+    """The embedded world of the tiny config, built once (and cached on disk across sessions)."""
+    from services.world.build import build_world
+
+    return build_world(tiny_cfg, progress=False)
+
+
+@pytest.fixture(scope="session")
+def vllm_llm(world):
+    """One vLLM engine (enforce_eager) on the world's tiny model, shared by the whole session."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    from vllm import LLM
+
+    llm = LLM(model=str(world / "model"), enforce_eager=True, max_model_len=1024, seed=0, dtype="float32")
+    yield llm
+    del llm

@@ -218,7 +218,9 @@ def _field_paths(model: type[BaseModel] = MempoConfig, prefix: str = "") -> list
 
 
 def _suggest(key: str) -> str:
-    close = difflib.get_close_matches(key, _field_paths(), n=1, cutoff=0.6)
+    # compare like with like: a misspelt section against section names, a leaf against leaf paths
+    candidates = [p for p in _field_paths() + list(MempoConfig.model_fields) if p.count(".") == key.count(".")]
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

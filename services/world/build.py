@@ -40,13 +40,27 @@ from services.world.oracle import BEHAVIOURS, OracleAgent
 from services.world.questions import build_question_sets, questions_of
 
 log = logging.getLogger("mempo.world")
-FORMAT_VERSION = 1  # bump when the generator's output changes for the same config
+FORMAT_VERSION = 1  # bump when the layout of a built world changes
+# The code that generates a world's content: editing any of it gives a new key (a rebuild).
+_GENERATOR_MODULES = ("services/world/entities.py", "services/world/relations.py", "services/world/corpus.py",
+                      "services/world/questions.py", "services/world/oracle.py", "services/world/tokenizer.py",
+                      "services/world/tiny_model.py", "services/search_tool/bm25_index.py",
+                      "services/search_tool/formatting.py", "services/common/turn_format.py")
+
+
+def _generator_digest() -> str:
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for rel in _GENERATOR_MODULES:
+        h.update((root / rel).read_bytes())
+    return h.hexdigest()
 
 
 def world_key(cfg: MempoConfig) -> str:
     """Hash of everything that shapes the built world."""
     shape = {
         "format": FORMAT_VERSION,
+        "code": _generator_digest(),
         "world": cfg.world.model_dump(exclude={"dir"}),
         "model": cfg.model.model_dump(exclude={"path", "dtype"}),
         "system_prompt": cfg.rollout.system_prompt,

@@ -114,9 +114,10 @@ class OracleAgent:
                                         multi_objective_em(answer, golds), finished=not pending)
             g = pending[0]
             phrase = RELATIONS[g.relation()].phrase.format(s=g.subject())
-            if behaviour == "redundant" and not quirk_used and last_query is not None and turn > 2:
+            repeat = behaviour == "redundant" and not quirk_used and last_query is not None
+            if repeat:  # searches what it searched last turn again: a wasted turn, nothing new
                 query, quirk_used = last_query, True
-                think = f"Let me check {phrase} once more before going on."
+                think = f"Let me check the last result once more before looking up {phrase}."
             else:
                 query = RELATIONS[g.relation()].query.format(s=g.subject()) if g.tries == 0 else g.subject()
                 if turn == 1:
@@ -128,7 +129,7 @@ class OracleAgent:
             searches += 1
             last_query = query
             messages.append({"role": "user", "content": render_information(format_passages(docs, self.doc_format))})
-            note = self._read(g, docs)
+            note = "" if repeat else self._read(g, docs)
             if behaviour == "forget" and not quirk_used and any(x.found for x in goals) and rng.random() < 0.7:
                 victim = next(x for x in goals if x.found)
                 victim.found.pop()  # the next <mem> leaves this fact out, so it is lost for good

@@ -117,8 +117,11 @@ def test_bad_key_in_override(override, key, suggestion):
 
 
 def test_bad_section_in_override():
-    msg = _error(overrides=["rollot.n=4"])
+    msg = _error(overrides=["rollot.max_turns=4"])
     assert "rollot" in msg and "unknown key" in msg
+    assert "did you mean 'rollout'?" in msg  # a misspelt section suggests the section
+    assert "did you mean 'learner'?" in _error(overrides=["learnr.lr=1"])
+    assert "did you mean" not in _error(overrides=["xyzzy=1"])
 
 
 def test_bad_key_in_yaml(tmp_path):
@@ -128,7 +131,8 @@ def test_bad_key_in_yaml(tmp_path):
     assert "rollout.max_turn" in msg and "did you mean 'rollout.max_turns'" in msg
     assert "learner.clip_eps_hi" in msg and "did you mean 'learner.clip_eps_high'" in msg
     p.write_text("rollot:\n  n: 4\n")
-    assert "rollot" in _error(p)
+    msg = _error(p)
+    assert "rollot" in msg and "did you mean 'rollout'?" in msg
 
 
 @pytest.mark.parametrize("override,field", [
