@@ -18,6 +18,7 @@ field path, e.g. ``TrajectoryBatch.groups[2].episodes[0].turns[1].response_ids``
 from __future__ import annotations
 
 import dataclasses
+import math
 import struct
 import types
 import typing
@@ -74,20 +75,23 @@ def _torch():
 
 
 def _pack_array(dtype: str, shape: tuple[int, ...], raw: bytes | memoryview) -> bytes:
-    head = msgpack.packb([dtype, list(shape)])
-    return struct.pack("<I", len(head)) + head + bytes(raw)
+    """ext payload: u8 len(dtype), dtype (ascii), u8 ndim, ndim x i64 shape, raw C-order bytes."""
+    name = dtype.encode("ascii")
+    head = struct.pack(f"<B{len(name)}sB{len(shape)}q", len(name), name, len(shape), *shape)
+    return b"".join((head, raw))
 
 
 def _unpack_array(data: bytes) -> tuple[str, tuple[int, ...], memoryview]:
-    if len(data) < 4:
-        raise ValueError("array header is truncated")
-    (hlen,) = struct.unpack_from("<I", data)
-    if 4 + hlen > len(data):
-        raise ValueError("array header is truncated")
-    dtype, shape = msgpack.unpackb(data[4 : 4 + hlen])
-    if not isinstance(dtype, str) or not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise ValueError("array header is malformed")
-    return dtype, tuple(shape), memoryview(data)[4 + hlen :]
+    try:
+        n = data[0]
+        dtype = data[1 : 1 + n].decode("ascii")
+        ndim = data[1 + n]
+        shape = struct.unpack_from(f"<{ndim}q", data, 2 + n)
+    except (IndexError, UnicodeDecodeError, struct.error):
+        raise ValueError("array header is truncated or malformed") from None
+    if shape and min(shape) < 0:
+        raise ValueError("array header has a negative dimension")
+    return dtype, shape, memoryview(data)[2 + n + 8 * ndim :]
 
 
 def _tensor_bytes(t: Any) -> bytes:
@@ -118,7 +122,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
         dt = np.dtype(dtype)
         if dt.hasobject:
             raise ValueError("object arrays are not allowed")
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)
         if count * dt.itemsize != len(raw):
             raise ValueError(f"array payload has {len(raw)} bytes, header says {count} x {dt.itemsize}")
         return np.frombuffer(raw, dtype=dt, count=count).reshape(shape)
@@ -129,7 +133,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
         if not isinstance(tdt, torch.dtype):
             raise ValueError(f"unknown torch dtype {dtype!r}")
         itemsize = torch.empty((), dtype=tdt).element_size()
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)
         if count * itemsize != len(raw):
             raise ValueError(f"tensor payload has {len(raw)} bytes, header says {count} x {itemsize}")
         if count == 0:
@@ -142,116 +146,172 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # dataclass <-> plain tree, with type checks
+#
+# Each annotation compiles once into a converter: mode "out" turns a live value into a msgpack-able
+# tree (encode), mode "in" turns a decoded tree into typed objects (decode). Both check types. The
+# hot path formats no strings: a failure raises _Bad, and each enclosing container adds its step of
+# the field path while the exception unwinds.
 
 
-def _to_tree(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _to_tree(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [_to_tree(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: _to_tree(v) for k, v in obj.items()}
-    return obj
+class _Bad(Exception):
+    def __init__(self, problem: str):
+        self.problem = problem
+        self.trail: list[str] = []
 
 
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _check(value: Any, tp: Any, path: str, meta: dict | None = None) -> Any:
-    """Validate ``value`` (a decoded msgpack tree, or a live object) against annotation ``tp``;
-    return the typed value (nested dataclasses instantiated). Raises ProtocolError."""
+def _is_tensor_type(tp: Any) -> bool:
+    return getattr(tp, "__module__", "").startswith("torch") and _type_name(tp) == "Tensor"
+
+
+_CONVERTERS: dict[tuple, Any] = {}
+
+
+def _converter(tp: Any, meta: tuple, mode: str):
+    key = (tp, meta, mode)
+    conv = _CONVERTERS.get(key)
+    if conv is None:
+        conv = _CONVERTERS[key] = _compile(tp, dict(meta), mode)
+    return conv
+
+
+def _scalar(check, name: str, cast):
+    def conv(v):
+        if not check(v):
+            raise _Bad(f"expected {name}, got {type(v).__name__}")
+        return cast(v)
+    return conv
+
+
+def _compile(tp: Any, meta: dict, mode: str):
     origin = typing.get_origin(tp)
+    metakey = tuple(sorted(meta.items()))
     if tp is Any:
-        return value
+        return lambda v: v
     if origin is Union or origin is types.UnionType:
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _check(value, arg, path, meta)
-            except ProtocolError:
-                pass
-        raise ProtocolError(path, f"expected {_type_name(tp)}, got {type(value).__name__}")
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(tp))
+        convs = [_converter(a, metakey, mode) for a in args]
+
+        def union(v):
+            if v is None and optional:
+                return None
+            for c in convs:
+                try:
+                    return c(v)
+                except _Bad:
+                    pass
+            raise _Bad(f"expected {_type_name(tp)}, got {type(v).__name__}")
+        return union
     if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)):
-            raise ProtocolError(path, f"expected a list, got {type(value).__name__}")
-        return [_check(v, item_tp, f"{path}[{i}]", meta) for i, v in enumerate(value)]
+        item = _converter(typing.get_args(tp)[0], metakey, mode)
+
+        def listing(v):
+            if not isinstance(v, (list, tuple)):
+                raise _Bad(f"expected a list, got {type(v).__name__}")
+            out = []
+            try:
+                for x in v:
+                    out.append(item(x))
+            except _Bad as e:
+                e.trail.append(f"[{len(out)}]")
+                raise
+            return out
+        return listing
     if origin is dict:
-        key_tp, val_tp = typing.get_args(tp)
-        if not isinstance(value, dict):
-            raise ProtocolError(path, f"expected a mapping, got {type(value).__name__}")
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ProtocolError(path, f"mapping keys must be str, got {type(k).__name__}")
-            out[k] = _check(v, val_tp, f"{path}[{k!r}]", meta)
-        return out
+        val = _converter(typing.get_args(tp)[1], metakey, mode)
+
+        def mapping(v):
+            if not isinstance(v, dict):
+                raise _Bad(f"expected a mapping, got {type(v).__name__}")
+            out = {}
+            for k, x in v.items():
+                if not isinstance(k, str):
+                    raise _Bad(f"mapping keys must be str, got {type(k).__name__}")
+                try:
+                    out[k] = val(x)
+                except _Bad as e:
+                    e.trail.append(f"[{k!r}]")
+                    raise
+            return out
+        return mapping
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path)
+        return _compile_dataclass(tp, mode)
     if tp is np.ndarray:
-        if not isinstance(value, np.ndarray):
-            raise ProtocolError(path, f"expected an ndarray, got {type(value).__name__}")
-        if meta:
-            if meta.get("dtype") and value.dtype != np.dtype(meta["dtype"]):
-                raise ProtocolError(path, f"expected dtype {meta['dtype']}, got {value.dtype}")
-            if meta.get("ndim") is not None and value.ndim != meta["ndim"]:
-                raise ProtocolError(path, f"expected {meta['ndim']}-d array, got shape {value.shape}")
-        return value
-    if getattr(tp, "__module__", "").startswith("torch") and _type_name(tp) == "Tensor":
-        if not isinstance(value, _torch().Tensor):
-            raise ProtocolError(path, f"expected a torch.Tensor, got {type(value).__name__}")
-        return value
+        dtype = np.dtype(meta["dtype"]) if meta.get("dtype") else None
+        ndim = meta.get("ndim")
+
+        def array(v):
+            if not isinstance(v, np.ndarray):
+                raise _Bad(f"expected an ndarray, got {type(v).__name__}")
+            if dtype is not None and v.dtype != dtype:
+                raise _Bad(f"expected dtype {dtype}, got {v.dtype}")
+            if ndim is not None and v.ndim != ndim:
+                raise _Bad(f"expected {ndim}-d array, got shape {v.shape}")
+            return v
+        return array
+    if _is_tensor_type(tp):
+        return _scalar(lambda v: isinstance(v, _torch().Tensor), "a torch.Tensor", lambda v: v)
     if tp is bool:
-        if not isinstance(value, (bool, np.bool_)):
-            raise ProtocolError(path, f"expected bool, got {type(value).__name__}")
-        return bool(value)
+        return _scalar(lambda v: isinstance(v, (bool, np.bool_)), "bool", bool)
     if tp is int:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise ProtocolError(path, f"expected int, got {type(value).__name__}")
-        return int(value)
+        return _scalar(lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)), "int", int)
     if tp is float:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-            raise ProtocolError(path, f"expected float, got {type(value).__name__}")
-        return float(value)
+        return _scalar(lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)),
+                       "float", float)
     if tp is str:
-        if not isinstance(value, str):
-            raise ProtocolError(path, f"expected str, got {type(value).__name__}")
-        return value
+        return _scalar(lambda v: isinstance(v, str), "str", lambda v: v)
     if tp is bytes:
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise ProtocolError(path, f"expected bytes, got {type(value).__name__}")
-        return bytes(value)
-    raise ProtocolError(path, f"unsupported field type {_type_name(tp)}")
+        return _scalar(lambda v: isinstance(v, (bytes, bytearray, memoryview)), "bytes", bytes)
+
+    def unsupported(v):
+        raise _Bad(f"unsupported field type {_type_name(tp)}")
+    return unsupported
 
 
-def _build(cls: type[T], value: Any, path: str) -> T:
-    if isinstance(value, cls):
-        live = value
-        value = {f.name: getattr(live, f.name) for f in dataclasses.fields(cls) if hasattr(live, f.name)}
-        if len(value) != len(dataclasses.fields(cls)):  # an attribute was deleted from the instance
-            raise ProtocolError(f"{path}.{next(f.name for f in dataclasses.fields(cls) if f.name not in value)}", "missing field")
-    if not isinstance(value, dict):
-        raise ProtocolError(path, f"expected a {cls.__name__} mapping, got {type(value).__name__}")
+def _compile_dataclass(cls: type, mode: str):
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(value) - set(fields)
-    if unknown:
-        raise ProtocolError(f"{path}.{sorted(map(str, unknown))[0]}", "unknown field")
-    kwargs = {}
-    for name, f in fields.items():
-        fpath = f"{path}.{name}"
-        if name not in value:
-            has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-            if has_default:
-                continue
-            raise ProtocolError(fpath, "missing field")
-        kwargs[name] = _check(value[name], hints[name], fpath, dict(f.metadata) or None)
-    return cls(**kwargs)
+    fields = dataclasses.fields(cls)
+    names = frozenset(f.name for f in fields)
+    plan = [(f.name, _converter(hints[f.name], tuple(sorted(f.metadata.items())), mode),
+             f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING) for f in fields]
+
+    def convert(v):
+        if isinstance(v, cls):
+            live = v
+            get = lambda name: getattr(live, name)  # noqa: E731
+            has = lambda name: hasattr(live, name)  # noqa: E731 (an attribute may have been deleted)
+        elif isinstance(v, dict):
+            if not names.issuperset(v):
+                bad = _Bad("unknown field")
+                bad.trail.append("." + sorted(map(str, set(v) - names))[0])
+                raise bad
+            get, has = v.__getitem__, v.__contains__
+        else:
+            raise _Bad(f"expected a {cls.__name__} mapping, got {type(v).__name__}")
+        out = {}
+        for name, conv, has_default in plan:
+            try:
+                if not has(name):
+                    if has_default:
+                        continue
+                    raise _Bad("missing field")
+                out[name] = conv(get(name))
+            except _Bad as e:
+                e.trail.append("." + name)
+                raise
+        return out if mode == "out" else cls(**out)
+    return convert
+
+
+def _convert(cls: type, value: Any, mode: str) -> Any:
+    try:
+        return _converter(cls, (), mode)(value)
+    except _Bad as e:
+        raise ProtocolError(cls.__name__ + "".join(reversed(e.trail)), e.problem) from None
 
 
 def validate(msg: Any) -> None:
@@ -259,7 +319,7 @@ def validate(msg: Any) -> None:
     cls = type(msg)
     if cls.__name__ not in _REGISTRY:
         raise ProtocolError(cls.__name__, "not a registered message type")
-    _build(cls, msg, cls.__name__)
+    _convert(cls, msg, "out")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,9 +328,10 @@ def validate(msg: Any) -> None:
 
 def encode(msg: Any) -> bytes:
     """Message -> msgpack bytes (validated first, so a bad message fails here, not at the peer)."""
-    validate(msg)
     cls = type(msg)
-    env = {"schema": SCHEMA_VERSION, "kind": cls.__name__, "body": _to_tree(msg)}
+    if cls.__name__ not in _REGISTRY:
+        raise ProtocolError(cls.__name__, "not a registered message type")
+    env = {"schema": SCHEMA_VERSION, "kind": cls.__name__, "body": _convert(cls, msg, "out")}
     try:
         return msgpack.packb(env, default=_default, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as e:
@@ -301,7 +362,7 @@ def decode(data: bytes | bytearray | memoryview, expected: type[T] | None = None
     if set(env) != {"schema", "kind", "body"}:
         raise ProtocolError(where, f"unexpected envelope keys {sorted(map(str, env))}")
     cls = _REGISTRY[kind]
-    return _build(cls, env["body"], cls.__name__)
+    return _convert(cls, env["body"], "in")
 
 
 def registered_messages() -> dict[str, type]:
