@@ -19,7 +19,10 @@ fi
 echo "[setup] device=$device python=$($PY --version)"
 
 [ -x $VENV/bin/python ] || $PY -m venv $VENV
-PIP="$VENV/bin/python -m pip --disable-pip-version-check"
+# This machine's pip config lists local package folders that may not exist; hide pip's warning
+# about each (the exit status of pip itself is kept: pipefail, and the filter always succeeds).
+pip_() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@" 2>&1 | (grep -v "is ignored: it is neither a file nor a directory" || true); }
+PIP=pip_
 $PIP install -q --upgrade pip
 
 if [ "$device" = cpu ]; then
