@@ -19,7 +19,7 @@ import difflib
 import math
 import sys
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -42,6 +42,9 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending field(s)."""
 
@@ -59,13 +62,13 @@ class WorldConfig(_Section):
     num_universities: int = Field(24, ge=1, description="Fictional universities, each located in a city.")
     num_companies: int = Field(60, ge=1, description="Fictional companies, each founded by a person and based in a city.")
     distractors_per_entity: int = Field(1, ge=0, description="Distractor passages per entity (mention it without stating the asked fact).")
-    train_questions: int = Field(2000, ge=1, description="Training prompts to generate.")
+    train_questions: int = Field(10000, ge=1, description="Training prompts to generate.")
     test_questions: int = Field(200, ge=1, description="Held-out prompts per objective count k in test_objectives.")
     test_share: float = Field(0.25, gt=0.0, lt=1.0, description="Share of all questions reserved for the test pool (train never sees them).")
-    train_objectives: list[int] = Field([1, 2], description="Objective counts k used in training prompts (the paper trains on k=2).")
-    test_objectives: list[int] = Field([1, 2, 4], description="Objective counts k of the held-out test sets.")
+    train_objectives: list[PositiveInt] = Field([2], min_length=1, description="Objective counts k used in training prompts, cycled (the paper trains on k=2).")
+    test_objectives: list[PositiveInt] = Field(list(range(2, 11)), min_length=1, description="Objective counts k of the held-out test sets (the paper evaluates k=2..10).")
     two_hop_share: float = Field(0.5, ge=0.0, le=1.0, description="Share of questions that need two hops.")
-    oracle_trajectories: int = Field(600, ge=0, description="Oracle (SFT cold-start) trajectories to generate from training prompts.")
+    oracle_trajectories: int = Field(10000, ge=0, description="Oracle (SFT cold-start) trajectories from training prompts (the paper distils ~10k).")
     oracle_imperfect_share: float = Field(0.2, ge=0.0, le=1.0, description="Share of oracle trajectories with imperfect behaviour (sloppy memory, redundant search, early answer).")
     tokenizer_vocab_size: int = Field(2048, ge=300, description="Vocabulary size of the world's byte-level BPE tokenizer.")
 
@@ -95,7 +98,7 @@ class EngineConfig(_Section):
 class RolloutConfig(_Section):
     n: int = Field(16, ge=1, description="Rollouts per prompt (the GRPO group size).")
     max_turns: int = Field(16, ge=1, description="Maximum assistant turns per episode.")
-    memory_window: Union[int, Literal["full"]] = Field(1, description="Turns of history the agent sees besides system+question: 1 = MemPO (previous turn only), w = last w turns, 'full' = whole history (Search-R1-like baseline).")
+    memory_window: Union[PositiveInt, Literal["full"]] = Field(1, description="Turns of history the agent sees besides system+question: 1 = MemPO (previous turn only), w = last w turns, 'full' = whole history (Search-R1-like baseline).")
     max_response_tokens: int = Field(512, ge=1, description="Maximum generated tokens per turn.")
     max_context_tokens: int = Field(3584, ge=16, description="An episode ends when a turn's context would exceed this.")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature.")
@@ -192,16 +195,19 @@ class MempoConfig(_Section):
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster and Serve.")
 
 
-def _format_errors(err: ValidationError, prefix: str = "") -> str:
-    lines = []
+def _format_errors(err: ValidationError) -> str:
+    """One line per offending field; union alternatives of one field are merged into its line."""
+    by_field: dict[str, list[str]] = {}
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        if prefix:
-            loc = f"{prefix}.{loc}" if loc else prefix
+        # pydantic adds the tried union member ("constrained-int", "literal['full']") to the path
+        loc = ".".join(str(p) for p in e["loc"] if isinstance(p, int) or str(p).isidentifier())
         if e["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown key{_suggest(loc)}")
+            msg = f"unknown key{_suggest(loc)}"
         else:
-            lines.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
+            msg = f"{e['msg']} (got {e.get('input')!r})"
+        if msg not in by_field.setdefault(loc, []):
+            by_field[loc].append(msg)
+    lines = [f"{loc}: {' | '.join(msgs)}" for loc, msgs in by_field.items()]
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

@@ -1,0 +1,39 @@
+"""The ``mempo`` command: help, config printing, index building and its errors."""
+
+import json
+
+import yaml
+
+from services.cli import main
+from services.search_tool.bm25_index import BM25Index
+
+
+def test_help_and_unknown_command(capsys):
+    assert main(["--help"]) == 0
+    assert "mempo world" in capsys.readouterr().out
+    assert main(["bogus"]) == 2
+
+
+def test_config_prints_resolved_yaml_and_rejects_bad_keys(capsys):
+    assert main(["config", "deploy/configs/tiny.yaml", "rollout.n=3"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["rollout"]["n"] == 3 and cfg["model"]["head_dim"] == 64
+    assert main(["config", "deploy/configs/tiny.yaml", "rollout.nn=3"]) == 2
+    assert "did you mean 'rollout.n'" in capsys.readouterr().err
+
+
+def test_index_builds_a_searchable_index(world, tmp_path, capsys):
+    out = tmp_path / "idx"
+    assert main(["index", str(world / "corpus.jsonl"), str(out)]) == 0
+    index = BM25Index.load(out)
+    first = json.loads((world / "corpus.jsonl").read_text().splitlines()[0])
+    title = first["contents"].split("\n")[0].strip('"')
+    assert first["id"] in [d["id"] for d, _ in index.search([title], 3)[0]]
+
+
+def test_index_rejects_bad_rows(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1"}\n')
+    assert main(["index", str(bad), str(tmp_path / "idx")]) == 2
+    assert "line 1" in capsys.readouterr().err
+    assert main(["index", str(tmp_path / "missing.jsonl"), str(tmp_path / "idx")]) == 2
