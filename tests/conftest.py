@@ -69,3 +69,13 @@ def vllm_llm(world):
     llm = LLM(model=str(world / "model"), enforce_eager=True, max_model_len=1024, seed=0, dtype="float32")
     yield llm
     del llm
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(world, tiny_cfg):
+    """The real Qwen2.5 tokenizer, built offline with the world (cached beside it)."""
+    from transformers import AutoTokenizer
+
+    from services.world.build import qwen_tokenizer_path
+
+    return AutoTokenizer.from_pretrained(str(qwen_tokenizer_path(tiny_cfg)))

@@ -17,6 +17,7 @@ Layout of a built world:
     test.parquet      held-out prompts, test_questions per k in world.test_objectives
     oracle.jsonl      oracle trajectories in the MemPO grammar (SFT cold start)
     model/            tiny Qwen2 model + tokenizer (save_pretrained)
+The real Qwen2.5 tokenizer (same for every config) is built once into ``{world.dir}/qwen2.5-tokenizer``.
 """
 
 from __future__ import annotations
@@ -84,6 +85,11 @@ def model_path(cfg: MempoConfig) -> Path:
     return world_dir(cfg) / "model" if cfg.model.path == "world" else Path(cfg.model.path)
 
 
+def qwen_tokenizer_path(cfg: MempoConfig) -> Path:
+    """The real Qwen2.5 tokenizer (for tests and GPU recipes), built offline beside the worlds."""
+    return Path(cfg.world.dir) / "qwen2.5-tokenizer"
+
+
 def corpus_path(cfg: MempoConfig) -> Path:
     return world_dir(cfg) / "corpus.jsonl" if cfg.search.corpus == "world" else Path(cfg.search.corpus)
 
@@ -110,7 +116,10 @@ def build_world(cfg: MempoConfig, force: bool = False, progress: bool = True) ->
     from services.world.tiny_model import save_tiny_model
     from services.world.tokenizer import train_tokenizer
 
+    from services.world.qwen_tokenizer import build_qwen_tokenizer
+
     final = world_dir(cfg)
+    build_qwen_tokenizer(qwen_tokenizer_path(cfg))  # config-independent; cached after the first build
     if is_built(final) and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -176,3 +176,8 @@ def test_world_tokenizer(world):
     assert ids == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
     enc = tok("<answer>\nGerkville\n</answer>", return_offsets_mapping=True, add_special_tokens=False)
     assert enc["offset_mapping"][-1][1] == len("<answer>\nGerkville\n</answer>")
+
+
+def test_world_build_also_provides_the_qwen_tokenizer(qwen_tokenizer):
+    assert qwen_tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [151643, 151644, 151645]
+    assert qwen_tokenizer.encode("Hello world", add_special_tokens=False) == [9707, 1879]
