@@ -79,3 +79,22 @@ def qwen_tokenizer(world, tiny_cfg):
     from services.world.build import qwen_tokenizer_path
 
     return AutoTokenizer.from_pretrained(str(qwen_tokenizer_path(tiny_cfg)))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def serve_http(ray_cluster):
+    """Ray Serve on the shared cluster, HTTP on a free local port; yields the base URL."""
+    from ray import serve
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()

@@ -65,7 +65,7 @@ def world_key(cfg: MempoConfig) -> str:
         "world": cfg.world.model_dump(exclude={"dir"}),
         "model": cfg.model.model_dump(exclude={"path", "dtype"}),
         "system_prompt": cfg.rollout.system_prompt,
-        "topk": cfg.rollout.topk,
+        "topk": cfg.search.topk,
         "max_turns": cfg.rollout.max_turns,
         "doc_format": cfg.search.doc_format,
     }
@@ -97,7 +97,7 @@ def corpus_path(cfg: MempoConfig) -> Path:
 def _oracle_data(cfg: MempoConfig, train_rows: list[dict], index: BM25Index, progress: bool) -> list[dict]:
     rng = random.Random(cfg.world.seed + 3)
     agent = OracleAgent(lambda qs, k: [[d for d, _ in hits] for hits in index.search(qs, k)],
-                        topk=cfg.rollout.topk, doc_format=cfg.search.doc_format, max_turns=cfg.rollout.max_turns)
+                        topk=cfg.search.topk, doc_format=cfg.search.doc_format, max_turns=cfg.rollout.max_turns)
     out = []
     rows = train_rows[: cfg.world.oracle_trajectories]
     for row in tqdm(rows, desc="oracle trajectories", disable=not progress, leave=False):

@@ -1,0 +1,187 @@
+"""The search service: a Ray Serve deployment, wire-compatible with Search-R1's ``/retrieve``.
+
+HTTP (FastAPI ingress):
+    POST /retrieve  {"queries": [str], "topk": int|null, "return_scores": bool}   (or {"query": str})
+        -> {"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}   with scores
+        -> {"result": [[{"id", "contents"}, ...], ...]}                                 without
+    GET /health     {"status": "ok", "backend", "corpus_size", "batching", ...}
+In-cluster (DeploymentHandle, no HTTP): ``await handle.search.remote(queries, topk)`` -> the same
+per-query lists as ``result`` with scores.
+
+Concurrent requests are merged server-side (``@serve.batch``) into one index pass. Bad input gets
+a 4xx JSON body ``{"error": ..., "field": ...}`` and the replica keeps serving. Replica count or
+autoscaling, batching and limits all come from the ``search`` config section:
+
+    from services.search_tool.service import search_app
+    serve.run(search_app(cfg), name="search", route_prefix="/")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
+from ray import serve
+
+from services.common.config import MempoConfig
+
+log = logging.getLogger("mempo.search")
+app = FastAPI(title="mempo search", description="Search-R1 compatible retrieval for MemPO agents.")
+
+
+class RetrieveRequest(BaseModel):
+    """Body of POST /retrieve (Search-R1's QueryRequest, plus the singular ``query`` form)."""
+
+    model_config = ConfigDict(extra="forbid")
+    queries: Optional[list[StrictStr]] = None
+    query: Optional[StrictStr] = None
+    topk: Optional[StrictInt] = None
+    return_scores: StrictBool = False
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, field: str, message: str):
+        self.status, self.field, self.message = status, field, message
+
+
+def _hit(row: dict, score: float) -> dict:
+    return {"document": {"id": row["id"], "contents": row["contents"]}, "score": score}
+
+
+@serve.deployment(name="search")
+@serve.ingress(app)
+class SearchService:
+    def __init__(self, config: dict):
+        from services.search_tool.backends import load_backend
+
+        cfg = MempoConfig.model_validate(config)
+        self.cfg = cfg.search
+        t0 = time.perf_counter()
+        self.index = load_backend(cfg)
+        self.load_s = time.perf_counter() - t0
+        self._batched.set_max_batch_size(self.cfg.max_batch_size)
+        self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
+        self.stats = {"requests": 0, "queries": 0, "index_passes": 0, "max_batch": 0, "bad_requests": 0}
+        log.info("search replica ready: %s over %d passages (%.1fs)", self.index.backend, len(self.index), self.load_s)
+
+    # -- the search itself ------------------------------------------------------------------
+
+    def _check(self, queries: list, topk: Optional[int]) -> int:
+        if not isinstance(queries, list) or not queries:
+            raise BadRequest(422, "queries", "must be a non-empty list of strings")
+        if len(queries) > self.cfg.max_queries:
+            raise BadRequest(422, "queries", f"at most {self.cfg.max_queries} queries per request, got {len(queries)}")
+        bad = next((i for i, q in enumerate(queries) if not isinstance(q, str)), None)
+        if bad is not None:
+            raise BadRequest(422, f"queries[{bad}]", f"must be a string, got {type(queries[bad]).__name__}")
+        k = self.cfg.topk if topk is None else topk
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.cfg.max_topk:
+            raise BadRequest(422, "topk", f"must be an integer in [1, {self.cfg.max_topk}], got {topk!r}")
+        return k
+
+    def _pass(self, queries: list[str], topk: int) -> list[list[tuple[dict, float]]]:
+        self.stats["index_passes"] += 1
+        return self.index.search(queries, topk)
+
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)
+    async def _batched(self, requests: list[tuple[list[str], int]]) -> list[list[list[tuple[dict, float]]]]:
+        """Many concurrent requests -> one index pass at the largest topk, then split back."""
+        self.stats["max_batch"] = max(self.stats["max_batch"], len(requests))
+        flat = [q for qs, _ in requests for q in qs]
+        hits = await asyncio.to_thread(self._pass, flat, max(k for _, k in requests))
+        out, i = [], 0
+        for qs, k in requests:
+            out.append([h[:k] for h in hits[i : i + len(qs)]])
+            i += len(qs)
+        return out
+
+    async def _search(self, queries: list[str], topk: int) -> list[list[tuple[dict, float]]]:
+        self.stats["requests"] += 1
+        self.stats["queries"] += len(queries)
+        if self.cfg.batching:
+            return await self._batched((queries, topk))
+        return await asyncio.to_thread(self._pass, queries, topk)
+
+    async def search(self, queries: list[str], topk: Optional[int] = None) -> list[list[dict]]:
+        """Handle method: Search-R1 results with scores, one list per query, in order.
+        Raises ValueError on bad input (the replica keeps serving)."""
+        try:
+            k = self._check(queries, topk)
+        except BadRequest as e:
+            raise ValueError(f"{e.field}: {e.message}") from None
+        return [[_hit(r, s) for r, s in hits] for hits in await self._search(queries, k)]
+
+    def get_stats(self) -> dict:
+        return dict(self.stats)
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    def _error(self, e: BadRequest) -> JSONResponse:
+        self.stats["bad_requests"] += 1
+        return JSONResponse({"error": e.message, "field": e.field}, status_code=e.status)
+
+    async def _parse(self, request: Request) -> RetrieveRequest:
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > self.cfg.max_body_bytes:
+            raise BadRequest(413, "body", f"request body over {self.cfg.max_body_bytes} bytes")
+        body = await request.body()
+        if len(body) > self.cfg.max_body_bytes:
+            raise BadRequest(413, "body", f"request body over {self.cfg.max_body_bytes} bytes")
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadRequest(400, "body", f"not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise BadRequest(422, "body", "must be a JSON object")
+        try:
+            return RetrieveRequest.model_validate(data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or "body"
+            msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+            raise BadRequest(422, field, msg) from None
+
+    @app.post("/retrieve")
+    async def retrieve(self, request: Request):
+        try:
+            req = await self._parse(request)
+            if (req.queries is None) == (req.query is None):
+                raise BadRequest(422, "queries", "give exactly one of 'queries' (a list) or 'query' (a string)")
+            queries = req.queries if req.queries is not None else [req.query]
+            k = self._check(queries, req.topk)
+        except BadRequest as e:
+            return self._error(e)
+        hits = await self._search(queries, k)
+        if req.return_scores:
+            return {"result": [[_hit(r, s) for r, s in h] for h in hits]}
+        return {"result": [[{"id": r["id"], "contents": r["contents"]} for r, _ in h] for h in hits]}
+
+    @app.get("/health")
+    async def health(self):
+        return {"status": "ok", "backend": self.index.backend, "corpus_size": len(self.index),
+                "index_loaded": True, "batching": self.cfg.batching, "load_s": round(self.load_s, 3),
+                **self.stats}
+
+
+def deployment_options(cfg: MempoConfig) -> dict:
+    """Serve options of the search deployment, from the config alone."""
+    s = cfg.search
+    opts: dict = {"ray_actor_options": {"num_cpus": s.num_cpus}, "max_ongoing_requests": s.max_ongoing_requests}
+    if s.autoscaling:
+        opts["autoscaling_config"] = {"min_replicas": s.min_replicas, "max_replicas": s.max_replicas,
+                                      "initial_replicas": max(s.min_replicas, 1),
+                                      "target_ongoing_requests": s.target_ongoing_requests}
+    else:
+        opts["num_replicas"] = s.replicas
+    return opts
+
+
+def search_app(cfg: MempoConfig):
+    """The bound search application for ``serve.run``."""
+    return SearchService.options(**deployment_options(cfg)).bind(cfg.model_dump(mode="json"))
