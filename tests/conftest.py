@@ -98,3 +98,15 @@ def serve_http(ray_cluster):
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
+
+
+@pytest.fixture(scope="session")
+def search_service(serve_http, tiny_cfg, world):
+    """The search deployment of the tiny config at route "/"; yields (handle, base URL)."""
+    from ray import serve
+
+    from services.search_tool.service import search_app
+
+    handle = serve.run(search_app(tiny_cfg), name="search", route_prefix="/")
+    yield handle, serve_http
+    serve.delete("search")

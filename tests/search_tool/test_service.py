@@ -7,11 +7,10 @@ import json
 import httpx
 import pandas as pd
 import pytest
-from ray import serve
 
 from services.common.config import load_config
 from services.search_tool.bm25_index import BM25Index
-from services.search_tool.service import deployment_options, search_app
+from services.search_tool.service import deployment_options
 from services.world.questions import questions_of
 from services.world.relations import RELATIONS
 
@@ -19,10 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def search(serve_http, tiny_cfg, world):
-    handle = serve.run(search_app(tiny_cfg), name="search", route_prefix="/")
-    yield handle, serve_http
-    serve.delete("search")
+def search(search_service):
+    return search_service
 
 
 @pytest.fixture(scope="module")
