@@ -45,6 +45,9 @@ DEFAULT_SYSTEM_PROMPT = (
 PositiveInt = Annotated[int, Field(ge=1)]
 
 
+DEFAULT_OBSERVATION_TEMPLATE = "<|im_end|>\n<|im_start|>user\n{observation}<|im_end|>\n<|im_start|>assistant\n"
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending field(s)."""
 
@@ -106,8 +109,16 @@ class RolloutConfig(_Section):
     stop: list[str] = Field(["</search>", "</answer>"], description="Stop strings: nothing is generated after an action.")
     invalid_action: Literal["observe", "stop"] = Field("observe", description="A turn with no valid action: 'observe' returns an error observation and continues, 'stop' ends the episode.")
     system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System message of every prompt.")
+    observation_template: str = Field(DEFAULT_OBSERVATION_TEMPLATE, description="Tokens appended after a search turn: closes the assistant message, adds the observation as a user message, opens the next assistant message. {observation} = the <information> block.")
+    invalid_action_message: str = Field("Invalid action: end the turn with <search> query </search> or <answer> answer </answer>.", description="Observation after a turn with no valid action (invalid_action=observe).")
     replicas: int = Field(1, ge=1, description="Rollout deployment replicas (one vLLM engine each).")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per rollout replica (Ray resource).")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per rollout replica (1 on GPU clusters).")
     max_concurrent_episodes: int = Field(64, ge=1, description="Episodes in flight per replica.")
+    groups_per_call: int = Field(4, ge=1, description="Prompt groups per rollout call; the driver spreads calls over replicas.")
+    call_retries: int = Field(2, ge=0, description="Driver retries of a rollout call whose replica failed.")
+    search_app: str = Field("search", description="Serve application name of the search deployment the agent calls.")
+    weights_dir: str = Field("/dev/shm/mempo-weights", description="RAM-backed folder where weight updates are staged for vLLM's in-place reload.")
 
 
 class SearchConfig(_Section):

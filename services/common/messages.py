@@ -67,7 +67,8 @@ class PromptBatch:
 
 @message
 class TurnRecord:
-    """One assistant turn of one episode (MEMPO.md section 2). Spans index ``response_ids``."""
+    """One assistant turn of one episode (MEMPO.md section 2). Spans index ``response_ids``;
+    ``turn`` counts from 1 (turn 1 has no history, hence no <mem>)."""
 
     turn: int
     context_ids: np.ndarray = array_field("int32")
@@ -75,12 +76,20 @@ class TurnRecord:
     response_logprobs: np.ndarray = array_field("float32")  # sampling log-probs, one per response id
     mem_start: int = -1  # [mem_start, mem_end) covers "<mem>...</mem>"; -1 = no (complete) block
     mem_end: int = -1
-    action: str = "none"  # "search" | "answer" | "invalid" | "none" (truncated)
+    action: str = "invalid"  # "search" | "answer" | "invalid" (no valid action: see rollout/parser.py)
     action_text: str = ""  # the search query or the answer
+    action_start: int = -1  # [action_start, action_end) covers "<search>...</search>" or "<answer>...</answer>"
+    action_end: int = -1
+    format_ok: bool = True  # the turn follows the grammar (rollout/parser.py)
+    problems: list[str] = None  # type: ignore[assignment]  # what the parser found wrong
     observation_ids: np.ndarray = array_field("int32", default_factory=lambda: np.zeros(0, np.int32))
     full_prefix_len: int = 0  # full context of this turn = Episode.full_ids[:full_prefix_len]
     policy_version: int = 0
     finish_reason: str = ""  # engine finish reason: "stop" | "length" | ...
+
+    def __post_init__(self):
+        if self.problems is None:
+            self.problems = []
 
 
 @message
@@ -93,9 +102,11 @@ class Episode:
     full_ids: np.ndarray = array_field("int32")
     turns: list[TurnRecord] = None  # type: ignore[assignment]
     answer: Optional[str] = None  # text of the last <answer>, None if it never answered
-    finish_reason: str = ""  # "answer" | "max_turns" | "max_context" | "invalid_action" | "error"
+    finish_reason: str = ""  # "answer" | "max_turns" | "max_context" | "invalid_action"
     tool_calls: int = 0
     tool_failures: int = 0
+    peak_tokens: int = 0  # PT: the largest single-turn context + response
+    total_tokens: int = 0  # TT: all context + generated tokens processed over the episode
 
     def __post_init__(self):
         if self.turns is None:
@@ -118,6 +129,7 @@ class TrajectoryBatch:
     policy_version: int  # version at the start of the call (each turn records its own)
     step: int = 0
     metrics: dict[str, float] = None  # type: ignore[assignment]
+    replica: str = ""  # which rollout replica produced it
 
     def __post_init__(self):
         if self.metrics is None:

@@ -1,0 +1,165 @@
+"""The MemPO agent loop: multi-turn episodes on one policy engine, all in token ids.
+
+For each prompt, ``n`` episodes (one GRPO group); all episodes of a call run concurrently on the
+replica's engine, so vLLM batches turns from different episodes and a slow search only delays
+its own episode. One turn:
+
+    context  = prompt_ids + the last ``memory_window`` turns' (response + observation) ids
+               (memory_window=1 is MemPO: the previous turn only; "full" = the whole history)
+    response = engine.generate(context)               -> ids + sampled log-probs + version
+    parse    = parse_turn(text of those ids)          -> action, <mem> span, problems
+    obs      = search result / invalid-action note, wrapped by rollout.observation_template
+               (tokenised environment text; model output is never re-tokenised)
+
+The episode keeps ``prompt_ids`` (the reference's ``mem_sys_prompt_ids``) and ``full_ids``
+(prompt + every response + observation); a turn's full context is ``full_ids[:full_prefix_len]``
+and its mem context is ``prompt_ids + response_ids[mem_start:mem_end]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+
+import numpy as np
+
+from services.common.config import MempoConfig
+from services.common.messages import Episode, Prompt, PromptBatch, RolloutGroup, TrajectoryBatch, TurnRecord
+from services.rollout.engine import PolicyEngine
+from services.rollout.parser import parse_turn
+from services.rollout.token_text import TokenText, clean
+from services.search_tool.client import SearchClient
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32("/".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+class AgentLoop:
+    def __init__(self, cfg: MempoConfig, engine: PolicyEngine, tokenizer, search: SearchClient):
+        self.cfg = cfg
+        self.rc = cfg.rollout
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.search = search
+        self.tt = TokenText(tokenizer)
+        self.eos_id = tokenizer.eos_token_id
+        self.eos_text = tokenizer.eos_token or ""
+        self.slots = asyncio.Semaphore(self.rc.max_concurrent_episodes)
+
+    # -- token bookkeeping ------------------------------------------------------------------
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        msgs = [{"role": m.role, "content": m.content} for m in prompt.messages]
+        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if not isinstance(ids, list) else ids
+        return [int(i) for i in ids]
+
+    def context(self, prompt_ids: list[int], pieces: list[list[int]]) -> list[int]:
+        """The memory rule: system + question + the last ``memory_window`` turns (or all)."""
+        window = pieces if self.rc.memory_window == "full" else pieces[len(pieces) - self.rc.memory_window:]
+        return prompt_ids + [t for piece in window for t in piece]
+
+    def observation_ids(self, observation: str, response_ids: list[int]) -> list[int]:
+        text = self.rc.observation_template.format(observation=observation)
+        if response_ids and response_ids[-1] == self.eos_id and self.eos_text and text.startswith(self.eos_text):
+            text = text[len(self.eos_text):]  # the model already closed its message
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def sampling(self, max_tokens: int, seed: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(temperature=self.rc.temperature, top_p=self.rc.top_p, max_tokens=max_tokens,
+                              stop=list(self.rc.stop), include_stop_str_in_output=True, logprobs=0, seed=seed)
+
+    # -- one episode ------------------------------------------------------------------------
+
+    async def episode(self, prompt: Prompt, sample: int, seed: int) -> tuple[Episode, dict]:
+        async with self.slots:
+            return await self._episode(prompt, sample, seed)
+
+    async def _episode(self, prompt: Prompt, sample: int, seed: int) -> tuple[Episode, dict]:
+        prompt_ids = self.prompt_ids(prompt)
+        full_ids = list(prompt_ids)
+        pieces: list[list[int]] = []
+        ep = Episode(uid=f"{prompt.uid}/{sample}", sample=sample, prompt_ids=np.asarray(prompt_ids, np.int32),
+                     full_ids=np.zeros(0, np.int32))
+        stats = {"engine_s": 0.0, "tool_s": 0.0, "generated": 0}
+        finish = "max_turns"
+        for t in range(1, self.rc.max_turns + 1):
+            ctx = self.context(prompt_ids, pieces)
+            budget = min(self.rc.max_response_tokens, self.cfg.engine.max_model_len - len(ctx))
+            if len(ctx) >= self.rc.max_context_tokens or budget <= 0:
+                finish = "max_context"
+                break
+            out = await self.engine.generate(ctx, self.sampling(budget, _seed(seed, prompt.uid, sample, t)))
+            stats["engine_s"] += out.engine_s
+            stats["generated"] += len(out.token_ids)
+            text, ends = self.tt.decode(out.token_ids)
+            parsed = parse_turn(text, t)
+            rec = TurnRecord(turn=t, context_ids=np.asarray(ctx, np.int32),
+                             response_ids=np.asarray(out.token_ids, np.int32),
+                             response_logprobs=np.asarray(out.logprobs, np.float32),
+                             action=parsed.action, action_text=clean(parsed.argument), format_ok=parsed.format_ok,
+                             problems=list(parsed.problems), full_prefix_len=len(full_ids),
+                             policy_version=out.version, finish_reason=out.finish_reason)
+            if parsed.mem is not None:
+                rec.mem_start, rec.mem_end = self.tt.token_span(text, ends, parsed.mem.start, parsed.mem.end)
+            if parsed.action_block is not None:
+                rec.action_start, rec.action_end = self.tt.token_span(text, ends, parsed.action_block.start,
+                                                                      parsed.action_block.end)
+            ep.peak_tokens = max(ep.peak_tokens, len(ctx) + len(out.token_ids))
+            ep.total_tokens += len(ctx) + len(out.token_ids)
+            obs: list[int] = []
+            if parsed.action == "answer":
+                ep.answer = rec.action_text
+                finish = "answer"
+            elif parsed.action == "search":
+                t0 = time.perf_counter()
+                observation, ok = await self.search.observation(parsed.argument, self.cfg.search.topk)
+                stats["tool_s"] += time.perf_counter() - t0
+                ep.tool_calls += 1
+                ep.tool_failures += 0 if ok else 1
+                obs = self.observation_ids(observation, out.token_ids)
+            elif self.rc.invalid_action == "stop":
+                finish = "invalid_action"
+            else:
+                obs = self.observation_ids(self.rc.invalid_action_message, out.token_ids)
+            rec.observation_ids = np.asarray(obs, np.int32)
+            ep.turns.append(rec)
+            full_ids += out.token_ids + obs
+            pieces.append(out.token_ids + obs)
+            if finish in ("answer", "invalid_action"):
+                break
+        ep.finish_reason = finish
+        ep.full_ids = np.asarray(full_ids, np.int32)
+        return ep, stats
+
+    # -- a whole call -----------------------------------------------------------------------
+
+    async def run(self, batch: PromptBatch) -> TrajectoryBatch:
+        t0, version = time.perf_counter(), self.engine.version
+        jobs = [self.episode(p, s, batch.seed) for p in batch.prompts for s in range(batch.n)]
+        results = await asyncio.gather(*jobs)
+        groups = []
+        for i, p in enumerate(batch.prompts):
+            groups.append(RolloutGroup(prompt=p, episodes=[ep for ep, _ in results[i * batch.n:(i + 1) * batch.n]]))
+        eps = [ep for ep, _ in results]
+        n = max(1, len(eps))
+        metrics = {
+            "episodes": float(len(eps)),
+            "turns_mean": sum(len(e.turns) for e in eps) / n,
+            "generated_tokens": float(sum(s["generated"] for _, s in results)),
+            "tool_calls": float(sum(e.tool_calls for e in eps)),
+            "tool_failures": float(sum(e.tool_failures for e in eps)),
+            "peak_tokens_mean": sum(e.peak_tokens for e in eps) / n,
+            "peak_tokens_max": float(max((e.peak_tokens for e in eps), default=0)),
+            "total_tokens_mean": sum(e.total_tokens for e in eps) / n,
+            "answered_share": sum(e.answer is not None for e in eps) / n,
+            "format_ok_share": sum(all(t.format_ok for t in e.turns) for e in eps) / n,
+            "engine_s": sum(s["engine_s"] for _, s in results),
+            "tool_s": sum(s["tool_s"] for _, s in results),
+            "wall_s": time.perf_counter() - t0,
+        }
+        return TrajectoryBatch(groups=groups, policy_version=version, step=batch.step, metrics=metrics)

