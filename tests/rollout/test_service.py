@@ -1,0 +1,148 @@
+"""The rollout deployment on a local Ray with the tiny model and the embedded corpus: record
+consistency (tokens, spans, memory rule), versions, and in-place weight updates."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from ray import serve
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from services.common.codec import encode
+from services.common.data import load_prompts
+from services.common.messages import PromptBatch, TrajectoryBatch, WeightUpdate
+from services.common.transport import get_message
+from services.rollout.driver import RolloutDriver
+from services.rollout.parser import parse_turn
+from services.rollout.service import rollout_app
+from tests.rollout.grammar_model import grammar_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sft_model(world):
+    return grammar_model(world, Path(".cache/test-models"))
+
+
+@pytest.fixture(scope="module")
+def rollout(search_service, tiny_cfg, sft_model):
+    from services.common.config import load_config
+
+    cfg = load_config("deploy/configs/tiny.yaml", [f"model.path={sft_model}", "rollout.num_cpus=0.5",
+                                                   "rollout.max_turns=4", "rollout.max_response_tokens=96"])
+    handle = serve.run(rollout_app(cfg), name="rollout", route_prefix=None)
+    yield handle, cfg
+    serve.delete("rollout")
+
+
+@pytest.fixture(scope="module")
+def batch(rollout, world):
+    handle, cfg = rollout
+    prompts = load_prompts(world / "test.parquet", k=1, limit=4)
+    refs = RolloutDriver(handle, cfg).rollout(PromptBatch(prompts=prompts, n=2, policy_version=0, seed=7))
+    out = [get_message(r, TrajectoryBatch) for r in refs]
+    return prompts, out
+
+
+def test_every_record_is_consistent(batch, sft_model):
+    prompts, out = batch
+    tok = AutoTokenizer.from_pretrained(sft_model)
+    groups = [g for b in out for g in b.groups]
+    assert [g.prompt.uid for g in groups] == [p.uid for p in prompts]
+    assert all(len(g.episodes) == 2 for g in groups)
+    mems = searches = 0
+    for g in groups:
+        prompt_ids = tok.apply_chat_template([{"role": m.role, "content": m.content} for m in g.prompt.messages],
+                                             add_generation_prompt=True, tokenize=True)
+        prompt_ids = prompt_ids if isinstance(prompt_ids, list) else prompt_ids["input_ids"]
+        for ep in g.episodes:
+            assert ep.prompt_ids.tolist() == list(prompt_ids)
+            assert ep.full_ids.tolist() == ep.prompt_ids.tolist() + [
+                t for turn in ep.turns for t in turn.response_ids.tolist() + turn.observation_ids.tolist()]
+            assert ep.finish_reason in ("answer", "max_turns", "max_context", "invalid_action")
+            prev = None
+            for turn in ep.turns:
+                # the memory rule (window 1): system + question + the previous turn only
+                expected = ep.prompt_ids.tolist()
+                if prev is not None:
+                    expected += ep.full_ids[prev.full_prefix_len : turn.full_prefix_len].tolist()
+                assert turn.context_ids.tolist() == expected
+                assert turn.full_prefix_len == (len(prompt_ids) if prev is None
+                                                else prev.full_prefix_len + len(prev.response_ids) + len(prev.observation_ids))
+                # what the parser saw is what the ids decode to
+                text = tok.decode(turn.response_ids.tolist())
+                parsed = parse_turn(text, turn.turn)
+                assert (parsed.action, parsed.problems) == (turn.action, turn.problems)
+                assert len(turn.response_logprobs) == len(turn.response_ids) and (turn.response_logprobs <= 0).all()
+                assert turn.policy_version == 0
+                if turn.mem_start >= 0:
+                    mems += 1
+                    piece = tok.decode(turn.response_ids[turn.mem_start : turn.mem_end].tolist())
+                    assert piece.lstrip().startswith("<mem>") and piece.rstrip().endswith("</mem>")
+                    assert tok.decode(turn.response_ids[turn.mem_start + 1 : turn.mem_end].tolist()).count("<mem>") == 0
+                if turn.action == "search":
+                    searches += 1
+                    assert tok.decode(turn.observation_ids.tolist()).startswith("<|im_end|>\n<|im_start|>user\n<information>")
+                    assert len(turn.observation_ids) > 0
+                if turn.action == "answer":
+                    assert ep.answer == turn.action_text and len(turn.observation_ids) == 0
+                prev = turn
+            assert ep.peak_tokens == max(len(t.context_ids) + len(t.response_ids) for t in ep.turns)
+            assert ep.total_tokens == sum(len(t.context_ids) + len(t.response_ids) for t in ep.turns)
+    assert mems > 0 and searches > 0, "the SFT'd tiny model should write <mem> blocks and search"
+    m = out[0].metrics
+    for key in ("turns_mean", "generated_tokens", "tool_calls", "tool_failures", "peak_tokens_mean",
+                "total_tokens_mean", "engine_s", "tool_s"):
+        assert key in m
+    assert m["tool_failures"] == 0
+
+
+def _greedy(handle, ids):
+    return handle.generate.remote(ids, 16, 0.0, 0).result()
+
+
+def test_update_weights_changes_generation_without_restart(rollout, sft_model, batch):
+    handle, _ = rollout
+    replica = handle.info.remote().result()["replica"]
+    ids = [1, 5, 9, 14, 22, 40, 41, 42]
+    before = _greedy(handle, ids)
+    original = load_file(str(sft_model / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    perturbed = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in original.items()}
+    res = handle.update_weights.remote(encode(WeightUpdate(version=1, tensors=perturbed)), 1).result()
+    assert res["version"] == 1
+    after = _greedy(handle, ids)
+    assert after["version"] == 1 and after["token_ids"] != before["token_ids"]
+    handle.update_weights.remote(encode(WeightUpdate(version=2, tensors=original)), 2).result()
+    again = _greedy(handle, ids)
+    assert again["version"] == 2 and again["token_ids"] == before["token_ids"]
+    np.testing.assert_allclose(again["logprobs"], before["logprobs"], atol=1e-5)
+    assert handle.info.remote().result()["replica"] == replica  # same replica, no restart
+
+
+def test_bad_weights_are_rejected_and_the_engine_keeps_serving(rollout, sft_model):
+    handle, _ = rollout
+    version = handle.info.remote().result()["version"]
+    original = load_file(str(sft_model / "model.safetensors"))
+    name = next(iter(original))
+    bad = dict(original)
+    bad[name] = torch.zeros(3, 3)
+    with pytest.raises(Exception, match="shape"):
+        handle.update_weights.remote(encode(WeightUpdate(version=99, tensors=bad)), 99).result()
+    with pytest.raises(Exception, match="missing"):
+        handle.update_weights.remote(encode(WeightUpdate(version=99, tensors={name: original[name]})), 99).result()
+    assert handle.info.remote().result()["version"] == version
+    assert len(_greedy(handle, [1, 2, 3])["token_ids"]) == 16
+
+
+def test_later_turns_record_the_new_version(rollout, world):
+    handle, cfg = rollout
+    version = handle.info.remote().result()["version"]
+    prompts = load_prompts(world / "test.parquet", k=1, limit=1)
+    ref = RolloutDriver(handle, cfg).rollout(PromptBatch(prompts=prompts, n=1, policy_version=version))[0]
+    out = get_message(ref, TrajectoryBatch)
+    assert out.policy_version == version
+    assert {t.policy_version for g in out.groups for e in g.episodes for t in e.turns} == {version}
