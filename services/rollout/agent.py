@@ -58,7 +58,7 @@ class AgentLoop:
 
     def context(self, prompt_ids: list[int], pieces: list[list[int]]) -> list[int]:
         """The memory rule: system + question + the last ``memory_window`` turns (or all)."""
-        window = pieces if self.rc.memory_window == "full" else pieces[len(pieces) - self.rc.memory_window:]
+        window = pieces if self.rc.memory_window == "full" else pieces[max(0, len(pieces) - self.rc.memory_window):]
         return prompt_ids + [t for piece in window for t in piece]
 
     def observation_ids(self, observation: str, response_ids: list[int]) -> list[int]:
