@@ -1,0 +1,54 @@
+"""The answer continuation scored after each context, and where its gold answer tokens are.
+
+The continuation is assistant text from ``scorer.answer_template`` with ``{gold}`` replaced by the
+gold answer (the first gold of each question, joined by ``scorer.gold_joiner`` when k > 1). Its
+answer tokens are located from exact character -> byte -> token offsets of the tokenised
+continuation, never by assuming how many tokens the closing tags take (the reference's
+``ans_mask[-(len(core)+4):-4]`` breaks with other tokenizers or when BPE merges across the
+boundary). A token that straddles the boundary (e.g. ``">."`` for ``<answer>.NET``) contains answer
+characters, so it counts as an answer token.
+
+    cont = build_continuation(tokenizer, cfg.scorer.answer_template, "Reed College")
+    cont.ids[cont.answer_start:cont.answer_end]   # the tokens of "Reed College"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.rollout.token_text import TokenText
+
+
+@dataclass
+class Continuation:
+    text: str
+    ids: list[int]
+    answer_start: int  # token span of the gold answer in ``ids``
+    answer_end: int
+
+    @property
+    def answer_ids(self) -> list[int]:
+        return self.ids[self.answer_start:self.answer_end]
+
+
+def gold_text(golds: list[list[str]], joiner: str = "; ") -> str:
+    """The scored answer: the first gold answer of each question, joined."""
+    if not golds or any(not g for g in golds):
+        raise ValueError("every question needs at least one gold answer")
+    return joiner.join(str(g[0]) for g in golds)
+
+
+def build_continuation(tokenizer, template: str, gold: str, token_text: TokenText | None = None) -> Continuation:
+    if template.count("{gold}") != 1:
+        raise ValueError("scorer.answer_template must contain {gold} exactly once")
+    if not gold.strip():
+        raise ValueError("the gold answer is empty")
+    text = template.replace("{gold}", gold)
+    start = template.index("{gold}")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    tt = token_text or TokenText(tokenizer)
+    decoded, ends = tt.decode(ids)
+    if decoded != text:
+        raise ValueError("the tokenizer does not round-trip the continuation text; cannot locate the answer")
+    ts, te = tt.token_span(text, ends, start, start + len(gold))
+    return Continuation(text, ids, ts, te)

@@ -1,0 +1,58 @@
+"""The gold answer's token span in the continuation, on the real Qwen2.5 vocabulary and the world's."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from services.common.config import DEFAULT_ANSWER_TEMPLATE
+from services.scorer.continuation import build_continuation, gold_text
+
+
+@pytest.fixture(params=["qwen", "world"])
+def tok(request, qwen_tokenizer, world):
+    return qwen_tokenizer if request.param == "qwen" else AutoTokenizer.from_pretrained(world / "model")
+
+
+@pytest.mark.parametrize("template,gold", [
+    (DEFAULT_ANSWER_TEMPLATE, "Reed College"),
+    (DEFAULT_ANSWER_TEMPLATE, "里德学院"),
+    (DEFAULT_ANSWER_TEMPLATE, "Kathryn Bigelow; 1961"),
+    (DEFAULT_ANSWER_TEMPLATE, " leading space and trailing.  "),
+    ("<answer>{gold}</answer>", ".NET 5"),        # ">" and "." can merge into one token
+    ("<answer>\n{gold}</answer>", "\n\nnew lines"),  # the gold's own newlines merge with the template's
+    ("{gold}", "only the answer"),
+])
+def test_span_covers_exactly_the_gold(tok, template, gold):
+    c = build_continuation(tok, template, gold)
+    assert tok.decode(c.ids) == c.text
+    piece = tok.decode(c.answer_ids)
+    assert gold in piece  # every answer character is covered
+    # minimal: dropping the first or the last span token loses answer characters
+    assert gold not in tok.decode(c.ids[c.answer_start + 1 : c.answer_end])
+    assert gold not in tok.decode(c.ids[c.answer_start : c.answer_end - 1])
+
+
+def _reference_span(tok, cont, gold):
+    core = tok.encode(gold, add_special_tokens=False)
+    return len(cont.ids) - (len(core) + 4), len(cont.ids) - 4  # ans_mask[-(len(core)+4):-4]
+
+
+def test_agrees_with_the_reference_where_its_assumption_holds(tok):
+    c = build_continuation(tok, DEFAULT_ANSWER_TEMPLATE, "Reed College")
+    assert (c.answer_start, c.answer_end) == _reference_span(tok, c, "Reed College")
+
+
+def test_reference_offsets_break_when_the_tail_is_not_four_tokens(tok):
+    template = "<answer>\n{gold}</answer>"  # no newline before the closing tag
+    c = build_continuation(tok, template, "Reed College")
+    assert tok.decode(c.answer_ids) == "Reed College"
+    assert _reference_span(tok, c, "Reed College") != (c.answer_start, c.answer_end)
+
+
+def test_gold_text_and_bad_input(tok):
+    assert gold_text([["Reed College", "Reed"], ["1961"]]) == "Reed College; 1961"
+    with pytest.raises(ValueError, match="empty"):
+        build_continuation(tok, DEFAULT_ANSWER_TEMPLATE, "  ")
+    with pytest.raises(ValueError, match="exactly once"):
+        build_continuation(tok, "no placeholder", "x")
+    with pytest.raises(ValueError):
+        gold_text([[]])

@@ -1,0 +1,54 @@
+"""The memory reward math, pinned to the worked examples of MEMPO.md section 3."""
+
+import math
+
+import numpy as np
+import pytest
+
+from services.scorer.memory_reward import geometric_p, kept_masks, memory_reward
+
+TAU = math.log(0.5)
+
+
+def test_reed_college_example():
+    """[Re, ed, College]: full keeps all three, mem drops "College"."""
+    s = memory_reward([-0.2, -0.3, -0.1], [-0.5, -0.4, -1.5], TAU, "independent")
+    assert s.full_keep.tolist() == [True, True, True] and s.mem_keep.tolist() == [True, True, False]
+    assert s.p_full == pytest.approx(math.exp(-0.2), rel=1e-6)
+    assert s.p_mem == pytest.approx(math.exp(-0.45), rel=1e-6)
+    assert s.r_mem == pytest.approx(math.exp(-0.45) - math.exp(-0.2), rel=1e-6)
+
+
+def test_kathryn_bigelow_example():
+    """[Kath, ryn, Big, elow] with log-probs [-0.2, -3.5, -0.1, -2.8]: only Kath and Big are kept."""
+    logp = np.array([-0.2, -3.5, -0.1, -2.8])
+    full_keep, _ = kept_masks(logp, logp, TAU, "independent")
+    assert full_keep.tolist() == [True, False, True, False]
+    assert geometric_p(logp, full_keep) == pytest.approx(math.exp(-0.15), rel=1e-6)
+
+
+def test_no_token_passes_gives_p_one():
+    s = memory_reward([-8.0], [-9.0], TAU, "independent")
+    assert s.p_full == pytest.approx(1.0) and s.p_mem == pytest.approx(1.0) and s.r_mem == pytest.approx(0.0)
+
+
+def test_joint_and_none_modes():
+    full, mem = [-0.2, -0.3, -0.1], [-0.5, -0.4, -1.5]
+    j = memory_reward(full, mem, TAU, "joint")
+    assert j.full_keep.tolist() == j.mem_keep.tolist() == [True, True, False]
+    assert j.p_full == pytest.approx(math.exp(-0.25), rel=1e-6) and j.p_mem == pytest.approx(math.exp(-0.45), rel=1e-6)
+    n = memory_reward(full, mem, TAU, "none")
+    assert n.p_full == pytest.approx(math.exp(-0.2), rel=1e-6) and n.p_mem == pytest.approx(math.exp(-0.8), rel=1e-6)
+
+
+def test_independent_filter_inflates_p_mem_relative_to_joint():
+    """The bias MEMPO.md names: P_mem averaged over an easier subset."""
+    full, mem = [-0.2, -0.3, -0.1], [-0.5, -0.4, -1.5]
+    assert memory_reward(full, mem, TAU, "independent").r_mem > memory_reward(full, mem, TAU, "none").r_mem
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="filter mode"):
+        memory_reward([-0.1], [-0.1], TAU, "bogus")
+    with pytest.raises(ValueError, match="shape"):
+        memory_reward([-0.1, -0.2], [-0.1], TAU, "independent")
