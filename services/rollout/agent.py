@@ -25,10 +25,9 @@ import zlib
 import numpy as np
 
 from services.common.config import MempoConfig
-from services.common.messages import Episode, Prompt, PromptBatch, RolloutGroup, TrajectoryBatch, TurnRecord
+from services.common.messages import Episode, Prompt, PromptBatch, RolloutGroup, TrajectoryBatch
 from services.rollout.engine import PolicyEngine
-from services.rollout.parser import parse_turn
-from services.rollout.token_text import TokenText, clean
+from services.rollout.records import EpisodeBuilder
 from services.search_tool.client import SearchClient
 
 
@@ -43,29 +42,8 @@ class AgentLoop:
         self.engine = engine
         self.tokenizer = tokenizer
         self.search = search
-        self.tt = TokenText(tokenizer)
-        self.eos_id = tokenizer.eos_token_id
-        self.eos_text = tokenizer.eos_token or ""
+        self.records = EpisodeBuilder(cfg, tokenizer)
         self.slots = asyncio.Semaphore(self.rc.max_concurrent_episodes)
-
-    # -- token bookkeeping ------------------------------------------------------------------
-
-    def prompt_ids(self, prompt: Prompt) -> list[int]:
-        msgs = [{"role": m.role, "content": m.content} for m in prompt.messages]
-        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if not isinstance(ids, list) else ids
-        return [int(i) for i in ids]
-
-    def context(self, prompt_ids: list[int], pieces: list[list[int]]) -> list[int]:
-        """The memory rule: system + question + the last ``memory_window`` turns (or all)."""
-        window = pieces if self.rc.memory_window == "full" else pieces[max(0, len(pieces) - self.rc.memory_window):]
-        return prompt_ids + [t for piece in window for t in piece]
-
-    def observation_ids(self, observation: str, response_ids: list[int]) -> list[int]:
-        text = self.rc.observation_template.format(observation=observation)
-        if response_ids and response_ids[-1] == self.eos_id and self.eos_text and text.startswith(self.eos_text):
-            text = text[len(self.eos_text):]  # the model already closed its message
-        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def sampling(self, max_tokens: int, seed: int):
         from vllm import SamplingParams
@@ -80,7 +58,8 @@ class AgentLoop:
             return await self._episode(prompt, sample, seed)
 
     async def _episode(self, prompt: Prompt, sample: int, seed: int) -> tuple[Episode, dict]:
-        prompt_ids = self.prompt_ids(prompt)
+        rb = self.records
+        prompt_ids = rb.prompt_ids(prompt)
         full_ids = list(prompt_ids)
         pieces: list[list[int]] = []
         ep = Episode(uid=f"{prompt.uid}/{sample}", sample=sample, prompt_ids=np.asarray(prompt_ids, np.int32),
@@ -88,7 +67,7 @@ class AgentLoop:
         stats = {"engine_s": 0.0, "tool_s": 0.0, "generated": 0}
         finish = "max_turns"
         for t in range(1, self.rc.max_turns + 1):
-            ctx = self.context(prompt_ids, pieces)
+            ctx = rb.context(prompt_ids, pieces)
             budget = min(self.rc.max_response_tokens, self.cfg.engine.max_model_len - len(ctx))
             if len(ctx) >= self.rc.max_context_tokens or budget <= 0:
                 finish = "max_context"
@@ -96,19 +75,7 @@ class AgentLoop:
             out = await self.engine.generate(ctx, self.sampling(budget, _seed(seed, prompt.uid, sample, t)))
             stats["engine_s"] += out.engine_s
             stats["generated"] += len(out.token_ids)
-            text, ends = self.tt.decode(out.token_ids)
-            parsed = parse_turn(text, t)
-            rec = TurnRecord(turn=t, context_ids=np.asarray(ctx, np.int32),
-                             response_ids=np.asarray(out.token_ids, np.int32),
-                             response_logprobs=np.asarray(out.logprobs, np.float32),
-                             action=parsed.action, action_text=clean(parsed.argument), format_ok=parsed.format_ok,
-                             problems=list(parsed.problems), full_prefix_len=len(full_ids),
-                             policy_version=out.version, finish_reason=out.finish_reason)
-            if parsed.mem is not None:
-                rec.mem_start, rec.mem_end = self.tt.token_span(text, ends, parsed.mem.start, parsed.mem.end)
-            if parsed.action_block is not None:
-                rec.action_start, rec.action_end = self.tt.token_span(text, ends, parsed.action_block.start,
-                                                                      parsed.action_block.end)
+            rec, parsed = rb.record(t, ctx, out.token_ids, out.logprobs, out.version, out.finish_reason, len(full_ids))
             ep.peak_tokens = max(ep.peak_tokens, len(ctx) + len(out.token_ids))
             ep.total_tokens += len(ctx) + len(out.token_ids)
             obs: list[int] = []
@@ -121,11 +88,11 @@ class AgentLoop:
                 stats["tool_s"] += time.perf_counter() - t0
                 ep.tool_calls += 1
                 ep.tool_failures += 0 if ok else 1
-                obs = self.observation_ids(observation, out.token_ids)
+                obs = rb.observation_ids(observation, out.token_ids)
             elif self.rc.invalid_action == "stop":
                 finish = "invalid_action"
             else:
-                obs = self.observation_ids(self.rc.invalid_action_message, out.token_ids)
+                obs = rb.observation_ids(self.rc.invalid_action_message, out.token_ids)
             rec.observation_ids = np.asarray(obs, np.int32)
             ep.turns.append(rec)
             full_ids += out.token_ids + obs

@@ -3,12 +3,12 @@
 from transformers import AutoTokenizer
 
 from services.common.config import load_config
-from services.rollout.agent import AgentLoop
+from services.rollout.records import EpisodeBuilder
 
 
 def _loop(world, window):
     cfg = load_config("deploy/configs/tiny.yaml", [f"rollout.memory_window={window}"])
-    return AgentLoop(cfg, engine=None, tokenizer=AutoTokenizer.from_pretrained(world / "model"), search=None)
+    return EpisodeBuilder(cfg, AutoTokenizer.from_pretrained(world / "model"))
 
 
 def test_memory_window_selects_the_last_turns(world):

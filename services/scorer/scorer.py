@@ -1,0 +1,102 @@
+"""Memory scoring of rollouts with the current policy (no Ray: the service wraps this).
+
+For every <mem> block of turn t >= 2 (turn 1 has no history to compress, as in the reference):
+
+    full context = episode.full_ids[:turn.full_prefix_len]                 (the uncompressed history)
+    mem context  = episode.prompt_ids + turn.response_ids[mem_start:mem_end]   (system + question + memory)
+    continuation = scorer.answer_template with the group's gold answer     (same for both)
+
+Both are scored with prefix sharing (``packing.tree_logprobs``): one tree per episode for the full
+contexts (each block's continuation hangs off its prefix of the full history) and one tree per
+group for the mem contexts (every memory block hangs off the shared prompt).
+
+    scorer = MemoryScorer(model, tokenizer, cfg)
+    scores = scorer.score_trajectories(trajectory_batch, version=3)   # -> MemoryScoreBatch
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from services.common.config import MempoConfig
+from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch
+from services.rollout.token_text import TokenText
+from services.scorer.continuation import Continuation, build_continuation, gold_text
+from services.scorer.memory_reward import memory_reward
+from services.scorer.packing import Branch, tree_logprobs
+
+
+class MemoryScorer:
+    def __init__(self, model, tokenizer, cfg: MempoConfig):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg.scorer
+        self.tt = TokenText(tokenizer)
+
+    def continuation(self, gold: str) -> Continuation:
+        return build_continuation(self.tokenizer, self.cfg.answer_template, gold, self.tt)
+
+    def reward(self, full_lp: np.ndarray, mem_lp: np.ndarray):
+        return memory_reward(full_lp, mem_lp, self.cfg.tau, self.cfg.filter_mode, self.cfg.mean_eps)
+
+    def score_trajectories(self, batch: TrajectoryBatch, version: int) -> MemoryScoreBatch:
+        t0 = time.perf_counter()
+        stats: dict = {}
+        scores: list[MemoryScore] = []
+        for gi, group in enumerate(batch.groups):
+            cont = self.continuation(gold_text(group.prompt.golds, self.cfg.gold_joiner))
+            a0, a1 = cont.answer_start, cont.answer_end
+            blocks = [(ei, ti) for ei, ep in enumerate(group.episodes) for ti, t in enumerate(ep.turns)
+                      if t.mem_start >= 0 and t.turn >= 2]
+            if not blocks:
+                continue
+            # full contexts: one tree per episode
+            full_lp: dict[tuple[int, int], np.ndarray] = {}
+            for ei, ep in enumerate(group.episodes):
+                mine = [ti for e, ti in blocks if e == ei]
+                if not mine:
+                    continue
+                branches = [Branch(int(ep.turns[ti].full_prefix_len), cont.ids) for ti in mine]
+                for ti, lp in zip(mine, tree_logprobs(self.model, ep.full_ids.tolist(), branches,
+                                                      self.cfg.token_budget, stats)):
+                    full_lp[(ei, ti)] = lp[a0:a1]
+            # mem contexts: one tree per group, hanging off the shared system + question prompt
+            prompt = group.episodes[blocks[0][0]].prompt_ids.tolist()
+            mems = []
+            for ei, ti in blocks:
+                if group.episodes[ei].prompt_ids.tolist() != prompt:
+                    raise ValueError(f"group {gi}: episodes of one prompt have different prompt_ids")
+                t = group.episodes[ei].turns[ti]
+                mems.append(t.response_ids[t.mem_start:t.mem_end].tolist())
+            branches = [Branch(len(prompt), m + cont.ids) for m in mems]
+            mem_lps = tree_logprobs(self.model, prompt, branches, self.cfg.token_budget, stats)
+            for (ei, ti), m, lp in zip(blocks, mems, mem_lps):
+                mem = lp[len(m) + a0:len(m) + a1]
+                r = self.reward(full_lp[(ei, ti)], mem)
+                scores.append(MemoryScore(group=gi, episode=ei, turn=ti,
+                                          answer_ids=np.asarray(cont.answer_ids, np.int32),
+                                          full_logp=full_lp[(ei, ti)].astype(np.float32), mem_logp=mem.astype(np.float32),
+                                          full_keep=r.full_keep, mem_keep=r.mem_keep,
+                                          p_full=r.p_full, p_mem=r.p_mem, r_mem=r.r_mem))
+        n = max(1, len(scores))
+        metrics = {"blocks": float(len(scores)), "forwards": float(stats.get("forwards", 0)),
+                   "model_tokens": float(stats.get("tokens", 0)), "seconds": time.perf_counter() - t0,
+                   "p_mem_mean": sum(s.p_mem for s in scores) / n, "p_full_mean": sum(s.p_full for s in scores) / n,
+                   "r_mem_mean": sum(s.r_mem for s in scores) / n}
+        return MemoryScoreBatch(scores=scores, policy_version=version, tau=self.cfg.tau,
+                                filter_mode=self.cfg.filter_mode, step=batch.step, metrics=metrics)
+
+    def score_pair(self, mem_context: list[int], full_context: list[int], cont: Continuation) -> dict:
+        """Score one continuation after two contexts (the REST endpoint's core)."""
+        mem_lp = tree_logprobs(self.model, mem_context, [Branch(len(mem_context), cont.ids)], self.cfg.token_budget)[0]
+        full_lp = tree_logprobs(self.model, full_context, [Branch(len(full_context), cont.ids)], self.cfg.token_budget)[0]
+        a0, a1 = cont.answer_start, cont.answer_end
+        r = self.reward(full_lp[a0:a1], mem_lp[a0:a1])
+        return {"p_mem": r.p_mem, "p_full": r.p_full, "r_mem": r.r_mem,
+                "mem_logprobs": mem_lp[a0:a1].tolist(), "full_logprobs": full_lp[a0:a1].tolist(),
+                "mem_keep": r.mem_keep.tolist(), "full_keep": r.full_keep.tolist(),
+                "answer_ids": cont.answer_ids,
+                "answer_tokens": [self.tt.token_bytes(i).decode("utf-8", "replace") for i in cont.answer_ids],
+                "tau": self.cfg.tau, "filter_mode": self.cfg.filter_mode}

@@ -1,0 +1,36 @@
+"""Oracle trajectories as protocol records: a ``RolloutGroup`` of n oracle episodes for one prompt.
+
+Used to score oracle data, and by tests and benchmarks that need realistic multi-turn episodes with
+<mem> blocks without sampling a trained policy. Episode i plays behaviour ``BEHAVIOURS[i % 4]``
+(perfect, forget, redundant, early_answer), so a group's episodes differ.
+
+    group = oracle_group(cfg, world_dir, train_row, n=16, tokenizer=tok)
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from services.common.config import MempoConfig
+from services.common.data import row_to_prompt
+from services.common.messages import RolloutGroup
+from services.rollout.records import EpisodeBuilder, episode_from_transcript
+from services.search_tool.bm25_index import BM25Index
+from services.world.oracle import BEHAVIOURS, OracleAgent
+from services.world.questions import questions_of
+
+
+def oracle_group(cfg: MempoConfig, world: Path, row: dict, n: int, tokenizer, seed: int = 0,
+                 index: BM25Index | None = None) -> RolloutGroup:
+    index = index or BM25Index.load(world / "index" / "bm25")
+    agent = OracleAgent(lambda qs, k: [[d for d, _ in h] for h in index.search(qs, k)], topk=cfg.search.topk,
+                        doc_format=cfg.search.doc_format, max_turns=cfg.rollout.max_turns)
+    builder = EpisodeBuilder(cfg, tokenizer)
+    prompt = row_to_prompt(row)
+    rng = random.Random(seed)
+    episodes = []
+    for i in range(n):
+        traj = agent.solve(questions_of(row), prompt.messages[0].content, BEHAVIOURS[i % len(BEHAVIOURS)], rng)
+        episodes.append(episode_from_transcript(builder, prompt, traj.messages, sample=i))
+    return RolloutGroup(prompt=prompt, episodes=episodes)

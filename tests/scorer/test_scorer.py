@@ -1,0 +1,68 @@
+"""MemoryScorer on oracle episodes: every value equals a straightforward per-sequence computation."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from services.common.messages import TrajectoryBatch
+from services.scorer.continuation import build_continuation, gold_text
+from services.scorer.memory_reward import memory_reward
+from services.scorer.packing import naive_logprobs
+from services.scorer.scorer import MemoryScorer
+from services.world.oracle_records import oracle_group
+
+
+@pytest.fixture(scope="module")
+def setup(world, tiny_cfg):
+    tok = AutoTokenizer.from_pretrained(world / "model")
+    model = AutoModelForCausalLM.from_pretrained(world / "model", dtype=torch.float32).eval()
+    rows = pd.read_parquet(world / "train.parquet").to_dict("records")
+    rows = [r for r in rows if r["extra_info"]["k"] == 2][:2]
+    groups = [oracle_group(tiny_cfg, world, r, n=4, tokenizer=tok, seed=i) for i, r in enumerate(rows)]
+    return tok, model, TrajectoryBatch(groups=groups, policy_version=5)
+
+
+def naive_check(model, tok, cfg, batch, out):
+    for s in out.scores:
+        group = batch.groups[s.group]
+        ep, turn = group.episodes[s.episode], group.episodes[s.episode].turns[s.turn]
+        cont = build_continuation(tok, cfg.scorer.answer_template, gold_text(group.prompt.golds, cfg.scorer.gold_joiner))
+        a0, a1 = cont.answer_start, cont.answer_end
+        full = naive_logprobs(model, ep.full_ids[: turn.full_prefix_len].tolist(), cont.ids)[a0:a1]
+        mem_ctx = ep.prompt_ids.tolist() + turn.response_ids[turn.mem_start : turn.mem_end].tolist()
+        mem = naive_logprobs(model, mem_ctx, cont.ids)[a0:a1]
+        np.testing.assert_allclose(s.full_logp, full, atol=1e-4)
+        np.testing.assert_allclose(s.mem_logp, mem, atol=1e-4)
+        r = memory_reward(full, mem, cfg.scorer.tau, cfg.scorer.filter_mode)
+        assert s.full_keep.tolist() == r.full_keep.tolist() and s.mem_keep.tolist() == r.mem_keep.tolist()
+        assert s.p_full == pytest.approx(r.p_full, abs=1e-4) and s.p_mem == pytest.approx(r.p_mem, abs=1e-4)
+        assert s.r_mem == pytest.approx(r.r_mem, abs=1e-4)
+        assert s.answer_ids.tolist() == cont.answer_ids
+
+
+def test_every_block_is_scored_like_the_naive_computation(setup, tiny_cfg):
+    tok, model, batch = setup
+    out = MemoryScorer(model, tok, tiny_cfg).score_trajectories(batch, version=5)
+    expected = [(g, e, t) for g, grp in enumerate(batch.groups) for e, ep in enumerate(grp.episodes)
+                for t, turn in enumerate(ep.turns) if turn.mem_start >= 0 and turn.turn >= 2]
+    assert [(s.group, s.episode, s.turn) for s in out.scores] == expected and expected
+    assert out.policy_version == 5 and out.filter_mode == "independent"
+    naive_check(model, tok, tiny_cfg, batch, out)
+    # prefix sharing: fewer tokens through the model than two separate sequences per block
+    cont_len = {g: len(build_continuation(tok, tiny_cfg.scorer.answer_template,
+                                          gold_text(grp.prompt.golds)).ids) for g, grp in enumerate(batch.groups)}
+    naive_tokens = 0
+    for g, e, t in expected:
+        ep, turn = batch.groups[g].episodes[e], batch.groups[g].episodes[e].turns[t]
+        naive_tokens += turn.full_prefix_len + len(ep.prompt_ids) + (turn.mem_end - turn.mem_start) + 2 * cont_len[g]
+    assert 0 < out.metrics["model_tokens"] < naive_tokens / 2
+
+
+def test_turn_one_and_unclosed_blocks_are_not_scored(setup, tiny_cfg):
+    tok, model, batch = setup
+    out = MemoryScorer(model, tok, tiny_cfg).score_trajectories(batch, version=5)
+    for s in out.scores:
+        turn = batch.groups[s.group].episodes[s.episode].turns[s.turn]
+        assert turn.turn >= 2 and turn.mem_start >= 0
