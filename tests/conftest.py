@@ -110,3 +110,28 @@ def search_service(serve_http, tiny_cfg, world):
     handle = serve.run(search_app(tiny_cfg), name="search", route_prefix="/")
     yield handle, serve_http
     serve.delete("search")
+
+
+@pytest.fixture(scope="session")
+def grammar_model(world):
+    """The world's tiny model after a short SFT on oracle turns: it writes the MemPO grammar."""
+    from pathlib import Path
+
+    from tests.rollout.grammar_model import grammar_model as build
+
+    return build(world, Path(".cache/test-models"))
+
+
+@pytest.fixture(scope="session")
+def rollout_service(search_service, grammar_model):
+    """The rollout deployment (one replica) on the grammar model; yields (handle, config)."""
+    from ray import serve
+
+    from services.common.config import load_config
+    from services.rollout.service import rollout_app
+
+    cfg = load_config(TINY_CONFIG, [f"model.path={grammar_model}", "rollout.num_cpus=0.5",
+                                    "rollout.max_turns=4", "rollout.max_response_tokens=96"])
+    handle = serve.run(rollout_app(cfg), name="rollout", route_prefix=None)
+    yield handle, cfg
+    serve.delete("rollout")

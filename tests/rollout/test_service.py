@@ -1,12 +1,9 @@
 """The rollout deployment on a local Ray with the tiny model and the embedded corpus: record
 consistency (tokens, spans, memory rule), versions, and in-place weight updates."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-from ray import serve
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
@@ -16,26 +13,18 @@ from services.common.messages import PromptBatch, TrajectoryBatch, WeightUpdate
 from services.common.transport import get_message
 from services.rollout.driver import RolloutDriver
 from services.rollout.parser import parse_turn
-from services.rollout.service import rollout_app
-from tests.rollout.grammar_model import grammar_model
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def sft_model(world):
-    return grammar_model(world, Path(".cache/test-models"))
+def rollout(rollout_service):
+    return rollout_service
 
 
 @pytest.fixture(scope="module")
-def rollout(search_service, tiny_cfg, sft_model):
-    from services.common.config import load_config
-
-    cfg = load_config("deploy/configs/tiny.yaml", [f"model.path={sft_model}", "rollout.num_cpus=0.5",
-                                                   "rollout.max_turns=4", "rollout.max_response_tokens=96"])
-    handle = serve.run(rollout_app(cfg), name="rollout", route_prefix=None)
-    yield handle, cfg
-    serve.delete("rollout")
+def sft_model(grammar_model):
+    return grammar_model
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,133 @@
+"""The scorer deployment: scoring a real rollout message, REST over HTTP, atomic weight updates."""
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from ray import serve
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from services.common.codec import encode
+from services.common.config import load_config
+from services.common.data import load_prompts
+from services.common.messages import MemoryScoreBatch, PromptBatch, TrajectoryBatch, WeightUpdate
+from services.common.transport import get_message
+from services.rollout.driver import RolloutDriver
+from services.scorer.service import scorer_app
+from tests.scorer.test_scorer import naive_check
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def scorer(serve_http, grammar_model):
+    cfg = load_config("deploy/configs/tiny.yaml", [f"model.path={grammar_model}", "scorer.num_cpus=0.25",
+                                                   "scorer.max_request_tokens=2000"])
+    handle = serve.run(scorer_app(cfg), name="scorer", route_prefix="/scorer")
+    yield handle, f"{serve_http}/scorer", cfg
+    serve.delete("scorer")
+
+
+@pytest.fixture(scope="module")
+def model(grammar_model):
+    return AutoModelForCausalLM.from_pretrained(grammar_model, dtype=torch.float32).eval()
+
+
+def test_scores_a_real_rollout_message(scorer, rollout_service, world, grammar_model, model):
+    handle, _, cfg = scorer
+    r_handle, r_cfg = rollout_service
+    prompts = load_prompts(world / "test.parquet", k=2, limit=2)
+    refs = RolloutDriver(r_handle, r_cfg).rollout(PromptBatch(prompts=prompts, n=4, policy_version=0, seed=3))
+    version = handle.info.remote().result()["version"]
+    total = 0
+    for ref in refs:
+        score_ref = handle.score.remote(ref)._to_object_ref_sync()  # the ref arrives resolved: bytes
+        out = get_message(score_ref, MemoryScoreBatch)
+        batch = get_message(ref, TrajectoryBatch)
+        assert out.policy_version == version
+        naive_check(model, AutoTokenizer.from_pretrained(grammar_model), cfg, batch, out)
+        total += len(out.scores)
+    assert total > 0, "the grammar model's rollouts should contain <mem> blocks on turn >= 2"
+
+
+TEXT = {"question": "Who founded Teabe Media?", "memory": "Teabe Media was founded by Ziosound Caireath.",
+        "history": [{"role": "assistant", "content": "<think>\nsearch\n</think>\n<search>\nTeabe Media founded by\n</search>"},
+                    {"role": "user", "content": "<information>\nDoc 1 (Title: Teabe Media) Teabe Media is a publishing company founded in 1986 by Ziosound Caireath.\n</information>"}],
+        "answer": "Ziosound Caireath"}
+
+
+def test_rest_text_and_token_forms(scorer, grammar_model):
+    _, url, cfg = scorer
+    r = httpx.post(f"{url}/score", json=TEXT, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["r_mem"] == pytest.approx(body["p_mem"] - body["p_full"], abs=1e-6)
+    assert len(body["mem_logprobs"]) == len(body["answer_ids"]) == len(body["full_keep"]) > 0
+    assert "".join(body["answer_tokens"]).strip() == "Ziosound Caireath"
+    assert body["policy_version"] >= 0 and body["filter_mode"] == "independent"
+    multi = httpx.post(f"{url}/score", json={**TEXT, "question": [TEXT["question"], "When?"], "answer": ["Ziosound Caireath", "1986"]}, timeout=60)
+    assert multi.status_code == 200 and "".join(multi.json()["answer_tokens"]).strip() == "Ziosound Caireath; 1986"
+    tok = AutoTokenizer.from_pretrained(grammar_model)
+    cont = tok.encode("\n<answer>\nKroumia\n</answer>", add_special_tokens=False)
+    span = [len(tok.encode("\n<answer>\n", add_special_tokens=False)), len(cont) - len(tok.encode("\n</answer>", add_special_tokens=False))]
+    tokens = {"mem_context_ids": tok.encode("<|im_start|>user\nWhere?<|im_end|>\n"), "full_context_ids": [1, 5, 9],
+              "continuation_ids": cont, "answer_span": span}
+    t = httpx.post(f"{url}/score", json=tokens, timeout=60)
+    assert t.status_code == 200, t.text
+    assert t.json()["answer_ids"] == cont[span[0]:span[1]]
+    h = httpx.get(f"{url}/health", timeout=30).json()
+    assert h["status"] == "ok" and h["rest_calls"] >= 3
+    assert httpx.get(f"{url}/openapi.json", timeout=30).json()["info"]["title"] == "mempo scorer"
+
+
+BAD = [
+    ({**TEXT, "answer": "  "}, 422, "answer"),
+    ({**TEXT, "answer": []}, 422, "answer"),
+    ({**TEXT, "question": ""}, 422, "question"),
+    ({**TEXT, "bogus": 1}, 422, "bogus"),
+    ({**TEXT, "history": [{"role": "robot", "content": "x"}]}, 422, "history.0.role"),
+    ({**TEXT, "memory": 5}, 422, "memory"),
+    ({"mem_context_ids": [1, 2], "full_context_ids": [1], "continuation_ids": [3, 4], "answer_span": [1, 5]}, 422, "answer_span"),
+    ({"mem_context_ids": [1, 2], "full_context_ids": [1], "continuation_ids": [3, 4], "answer_span": [1, 1]}, 422, "answer_span"),
+    ({"mem_context_ids": [1, 99999999], "full_context_ids": [1], "continuation_ids": [3, 4], "answer_span": [0, 1]}, 422, "mem_context_ids[1]"),
+    ({"mem_context_ids": [1, -3], "full_context_ids": [1], "continuation_ids": [3, 4], "answer_span": [0, 1]}, 422, "mem_context_ids[1]"),
+    ({"mem_context_ids": [], "full_context_ids": [1], "continuation_ids": [3, 4], "answer_span": [0, 1]}, 422, "mem_context_ids"),
+    ({"mem_context_ids": [1] * 1500, "full_context_ids": [1] * 600, "continuation_ids": [3, 4], "answer_span": [0, 1]}, 413, "body"),
+    ({"hello": 1}, 422, "body"),
+]
+
+
+@pytest.mark.parametrize("body,status,field", BAD)
+def test_rest_bad_input_then_good(scorer, body, status, field):
+    _, url, _ = scorer
+    r = httpx.post(f"{url}/score", json=body, timeout=60)
+    assert r.status_code == status, r.text
+    assert r.json()["field"] == field
+    assert httpx.post(f"{url}/score", json=TEXT, timeout=60).status_code == 200
+
+
+def test_rest_malformed_json(scorer):
+    _, url, _ = scorer
+    r = httpx.post(f"{url}/score", content=b"{nope", headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400
+    assert httpx.post(f"{url}/score", json=TEXT, timeout=60).status_code == 200
+
+
+def test_update_weights_swaps_atomically_and_responses_say_which_version(scorer, grammar_model):
+    handle, url, _ = scorer
+    before = httpx.post(f"{url}/score", json=TEXT, timeout=60).json()
+    original = load_file(str(grammar_model / "model.safetensors"))
+    g = torch.Generator().manual_seed(1)
+    perturbed = {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in original.items()}
+    assert handle.update_weights.remote(encode(WeightUpdate(version=7, tensors=perturbed)), 7).result()["version"] == 7
+    after = httpx.post(f"{url}/score", json=TEXT, timeout=60).json()
+    assert after["policy_version"] == 7 and after["mem_logprobs"] != before["mem_logprobs"]
+    with pytest.raises(Exception, match="shape"):
+        bad = dict(original)
+        bad[next(iter(bad))] = torch.zeros(2, 2)
+        handle.update_weights.remote(encode(WeightUpdate(version=8, tensors=bad)), 8).result()
+    handle.update_weights.remote(encode(WeightUpdate(version=9, tensors=original)), 9).result()
+    again = httpx.post(f"{url}/score", json=TEXT, timeout=60).json()
+    assert again["policy_version"] == 9
+    np.testing.assert_allclose(again["mem_logprobs"], before["mem_logprobs"], atol=1e-5)
