@@ -154,7 +154,7 @@ class ScorerConfig(_Section):
     answer_template: str = Field(DEFAULT_ANSWER_TEMPLATE, description="Assistant continuation scored after each context; {gold} is the gold answer.")
     gold_joiner: str = Field("; ", description="Joins the first gold answer of each question when k > 1.")
     mean_eps: float = Field(1e-8, gt=0, description="Added to the kept-token count in P = exp(sum/count) (reference 1e-8).")
-    token_budget: int = Field(4096, ge=64, description="Most tokens in one packed scoring forward (the dense attention mask is budget^2).")
+    token_budget: int = Field(2048, ge=64, description="Most tokens in one packed scoring forward; attention with the dense tree mask costs budget^2, so smaller budgets trade repeated trunk tokens for cheaper attention.")
     max_request_tokens: int = Field(32768, ge=64, description="REST requests above this many tokens get 413.")
     replicas: int = Field(1, ge=1, description="Scorer deployment replicas.")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per scorer replica.")

@@ -24,6 +24,9 @@ import numpy as np
 import torch
 
 
+TRUNK_FACTOR = 3
+
+
 @dataclass
 class Branch:
     attach: int  # trunk tokens this branch continues (>= 1)
@@ -52,23 +55,22 @@ def pack(trunk: list[int], branches: list[Branch], dtype=torch.float32):
     branch token, as one flat LongTensor in branch order)."""
     t = max(b.attach for b in branches)
     total = t + sum(len(b.ids) for b in branches)
-    ids = list(trunk[:t])
-    pos = list(range(t))
-    allowed = torch.zeros((total, total), dtype=torch.bool)
-    allowed[:t, :t] = torch.ones((t, t), dtype=torch.bool).tril()
-    predictors = []
+    neg = torch.finfo(dtype).min
+    mask = torch.full((total, total), neg, dtype=dtype)
+    longest = max([t] + [len(b.ids) for b in branches])
+    causal = torch.full((longest, longest), neg, dtype=dtype).triu_(1)  # 0 on and below the diagonal
+    mask[:t, :t] = causal[:t, :t]
+    ids, pos, predictors = list(trunk[:t]), list(range(t)), []
     off = t
     for b in branches:
         n = len(b.ids)
         ids += b.ids
         pos += range(b.attach, b.attach + n)
-        allowed[off:off + n, :b.attach] = True
-        allowed[off:off + n, off:off + n] = torch.ones((n, n), dtype=torch.bool).tril()
+        mask[off:off + n, :b.attach] = 0
+        mask[off:off + n, off:off + n] = causal[:n, :n]
         predictors += [b.attach - 1] + list(range(off, off + n - 1))
         off += n
-    mask = torch.zeros((total, total), dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return (torch.tensor([ids]), torch.tensor([pos]), mask[None, None], torch.tensor(predictors, dtype=torch.long))
+    return torch.tensor([ids]), torch.tensor([pos]), mask[None, None], torch.tensor(predictors, dtype=torch.long)
 
 
 def _gather_logprobs(model, input_ids, position_ids, mask, predictors, targets) -> torch.Tensor:
@@ -90,7 +92,12 @@ def tree_logprobs(model, trunk: list[int], branches: list[Branch], token_budget:
             raise ValueError("empty branch")
     dtype = next(model.parameters()).dtype
     result: list[np.ndarray] = [np.zeros(0, np.float32)] * len(branches)
-    for chunk in _chunks(len(trunk), branches, token_budget):
+    # Attention under a dense tree mask costs ~L^2, so packing k branches of length n on a trunk of
+    # length t costs ~(t + k n)^2 / k per branch: best near L = 2t. Short trunks (the mem contexts'
+    # shared prompt) thus get small chunks; long ones (a full history) keep their branches together.
+    t = max(b.attach for b in branches)
+    budget = min(token_budget, max(TRUNK_FACTOR * t, t + max(len(b.ids) for b in branches)))
+    for chunk in _chunks(len(trunk), branches, budget):
         sub = [branches[i] for i in chunk]
         input_ids, position_ids, mask, predictors = pack(trunk, sub, dtype)
         targets = torch.tensor([t for b in sub for t in b.ids], dtype=torch.long)
