@@ -24,19 +24,19 @@ wholly by one version, and every response says which.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Optional, Union
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ray import serve
 
 from services.common.codec import decode, encode
 from services.common.config import MempoConfig
+from services.common.http import HttpError as BadRequest
+from services.common.http import parse_model, read_json
 from services.common.messages import TrajectoryBatch, WeightUpdate
 
 log = logging.getLogger("mempo.scorer")
@@ -67,11 +67,6 @@ class TokenScoreRequest(BaseModel):
     full_context_ids: list[StrictInt]
     continuation_ids: list[StrictInt]
     answer_span: tuple[StrictInt, StrictInt]
-
-
-class BadRequest(Exception):
-    def __init__(self, status: int, field: str, message: str):
-        self.status, self.field, self.message = status, field, message
 
 
 def _load_model(path: str, dtype: str):
@@ -183,26 +178,13 @@ class ScorerService:
         return req.mem_context_ids, req.full_context_ids, Continuation("", list(req.continuation_ids), s, e)
 
     async def _parse(self, request: Request):
-        length = request.headers.get("content-length")
         limit = 16 * self.cfg.scorer.max_request_tokens + 65536  # bytes: ids are at most ~8 chars each
-        if length and length.isdigit() and int(length) > limit:
-            raise BadRequest(413, "body", f"request body over {limit} bytes")
-        try:
-            data = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadRequest(400, "body", f"not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise BadRequest(422, "body", "must be a JSON object")
+        data = await read_json(request, limit)
         model = TextScoreRequest if "question" in data else TokenScoreRequest if "continuation_ids" in data else None
         if model is None:
             raise BadRequest(422, "body", "give the text form (question, memory, history, answer) or the token "
                                           "form (mem_context_ids, full_context_ids, continuation_ids, answer_span)")
-        try:
-            req = model.model_validate(data)
-        except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(p) for p in err["loc"]) or "body"
-            raise BadRequest(422, field, "unknown field" if err["type"] == "extra_forbidden" else err["msg"]) from None
+        req = parse_model(model, data)
         mem_ctx, full_ctx, cont = self._text_request(req) if model is TextScoreRequest else self._token_request(req)
         total = len(mem_ctx) + len(full_ctx) + 2 * len(cont.ids)
         if total > self.cfg.scorer.max_request_tokens:
@@ -215,7 +197,7 @@ class ScorerService:
             mem_ctx, full_ctx, cont = await self._parse(request)
         except BadRequest as e:
             self.stats["bad_requests"] += 1
-            return JSONResponse({"error": e.message, "field": e.field}, status_code=e.status)
+            return e.response()
         async with self.lock:
             out = await asyncio.to_thread(self.scorer.score_pair, mem_ctx, full_ctx, cont)
             out["policy_version"] = self.version

@@ -19,17 +19,17 @@ autoscaling, batching and limits all come from the ``search`` config section:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 from ray import serve
 
 from services.common.config import MempoConfig
+from services.common.http import HttpError as BadRequest
+from services.common.http import parse_model, read_json
 
 log = logging.getLogger("mempo.search")
 app = FastAPI(title="mempo search", description="Search-R1 compatible retrieval for MemPO agents.")
@@ -43,11 +43,6 @@ class RetrieveRequest(BaseModel):
     query: Optional[StrictStr] = None
     topk: Optional[StrictInt] = None
     return_scores: StrictBool = False
-
-
-class BadRequest(Exception):
-    def __init__(self, status: int, field: str, message: str):
-        self.status, self.field, self.message = status, field, message
 
 
 def _hit(row: dict, score: float) -> dict:
@@ -122,41 +117,17 @@ class SearchService:
 
     # -- HTTP -------------------------------------------------------------------------------
 
-    def _error(self, e: BadRequest) -> JSONResponse:
-        self.stats["bad_requests"] += 1
-        return JSONResponse({"error": e.message, "field": e.field}, status_code=e.status)
-
-    async def _parse(self, request: Request) -> RetrieveRequest:
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > self.cfg.max_body_bytes:
-            raise BadRequest(413, "body", f"request body over {self.cfg.max_body_bytes} bytes")
-        body = await request.body()
-        if len(body) > self.cfg.max_body_bytes:
-            raise BadRequest(413, "body", f"request body over {self.cfg.max_body_bytes} bytes")
-        try:
-            data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadRequest(400, "body", f"not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise BadRequest(422, "body", "must be a JSON object")
-        try:
-            return RetrieveRequest.model_validate(data)
-        except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(p) for p in err["loc"]) or "body"
-            msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-            raise BadRequest(422, field, msg) from None
-
     @app.post("/retrieve")
     async def retrieve(self, request: Request):
         try:
-            req = await self._parse(request)
+            req = parse_model(RetrieveRequest, await read_json(request, self.cfg.max_body_bytes))
             if (req.queries is None) == (req.query is None):
                 raise BadRequest(422, "queries", "give exactly one of 'queries' (a list) or 'query' (a string)")
             queries = req.queries if req.queries is not None else [req.query]
             k = self._check(queries, req.topk)
         except BadRequest as e:
-            return self._error(e)
+            self.stats["bad_requests"] += 1
+            return e.response()
         hits = await self._search(queries, k)
         if req.return_scores:
             return {"result": [[_hit(r, s) for r, s in h] for h in hits]}
