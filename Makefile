@@ -16,8 +16,10 @@ $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $(STAMP)
 
+CONFIG ?= deploy/configs/tiny.yaml
+
 world: $(STAMP)
-	$(PY) -m services.world build
+	$(PY) -m services.world build $(CONFIG)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -27,11 +29,14 @@ test-fast: $(STAMP)
 
 # The main job. Until the pipeline lands it builds the embedded world and shows what is in it.
 run: $(STAMP)
-	$(PY) -m services.world build
-	$(PY) -m services.world show
+	$(PY) -m services.world build $(CONFIG)
+	$(PY) -m services.world show $(CONFIG)
 
 bench: $(STAMP)
 	$(PY) bench/codec.py
+	$(PY) bench/search.py
+	$(PY) bench/rollout.py
+	$(PY) bench/scorer.py
 
 clean:
 	rm -rf runs .cache
