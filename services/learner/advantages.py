@@ -1,0 +1,99 @@
+"""MemPO advantages (MEMPO.md section 4): outcome reward, GRPO, memory advantage, per-token sum.
+
+    R_out   = EM of the last <answer> (SQuAD-normalised, fraction of the k questions); 0 if the
+              episode's format is invalid (it never answered, or a turn broke the grammar)
+    A_out   = (R_out - mean_group) / (std_group + eps)                       per episode
+    A_mem   = (R_mem - mean_pool) / (std_pool + eps)                         per <mem> block, pooled
+              over the prompt's group ("prompt", reference) or per (prompt, turn) ("prompt_turn")
+    A_token = A_out on every generated token of the episode, + alpha * A_mem on the tokens of that
+              turn's <mem>...</mem> span; observation tokens get no loss
+
+std is the unbiased sample std (as torch.std in verl). A group or pool whose values are all equal,
+or that holds a single value, gets advantage 0, never NaN.
+
+    adv = compute_advantages(trajectory_batch, memory_score_batch, cfg.algorithm)
+    adv.token_advantages[(g, e, t)]   # float32 array over turn t's response tokens
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from services.common.config import AlgorithmConfig
+from services.common.messages import Episode, MemoryScoreBatch, TrajectoryBatch
+from services.learner.rewards import multi_objective_em, multi_objective_f1
+
+
+def format_valid(ep: Episode) -> bool:
+    """The episode ended with an answer and every turn followed the grammar."""
+    return ep.answer is not None and ep.finish_reason == "answer" and all(t.format_ok for t in ep.turns)
+
+
+def outcome_reward(ep: Episode, golds: list[list[str]], separator: str = ";") -> tuple[float, float]:
+    """(R_out, F1); both 0 when the format is invalid."""
+    if not format_valid(ep):
+        return 0.0, 0.0
+    return multi_objective_em(ep.answer, golds, separator), multi_objective_f1(ep.answer, golds, separator)
+
+
+def normalize(values, eps: float) -> np.ndarray:
+    """(v - mean) / (std + eps) with the unbiased std; 0 for a single or constant set."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size < 2:
+        return np.zeros(v.shape, np.float32)
+    std = v.std(ddof=1)
+    if not np.isfinite(std) or std == 0.0:
+        return np.zeros(v.shape, np.float32)
+    return ((v - v.mean()) / (std + eps)).astype(np.float32)
+
+
+@dataclass
+class Advantages:
+    rewards: dict[tuple[int, int], float] = field(default_factory=dict)  # (group, episode) -> R_out
+    f1: dict[tuple[int, int], float] = field(default_factory=dict)
+    a_out: dict[tuple[int, int], float] = field(default_factory=dict)
+    a_mem: dict[tuple[int, int, int], float] = field(default_factory=dict)  # (group, episode, turn) -> A_mem
+    token_advantages: dict[tuple[int, int, int], np.ndarray] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def token_advantage(n_tokens: int, a_out: float, mem_span: tuple[int, int], a_mem: float, alpha: float) -> np.ndarray:
+    adv = np.full(n_tokens, a_out, dtype=np.float32)
+    start, end = mem_span
+    if start >= 0 and a_mem != 0.0:
+        adv[start:end] += np.float32(alpha * a_mem)
+    return adv
+
+
+def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch], cfg: AlgorithmConfig) -> Advantages:
+    out = Advantages()
+    by_group: dict[int, list] = defaultdict(list)
+    if scores is not None and cfg.use_memory_reward:
+        for s in scores.scores:
+            by_group[s.group].append(s)
+    for g, group in enumerate(batch.groups):
+        rs = [outcome_reward(ep, group.prompt.golds, cfg.answer_separator) for ep in group.episodes]
+        a_out = normalize([r for r, _ in rs], cfg.grpo_eps)
+        for e, ((r, f1), a) in enumerate(zip(rs, a_out)):
+            out.rewards[(g, e)], out.f1[(g, e)], out.a_out[(g, e)] = r, f1, float(a)
+        pools: dict[object, list] = defaultdict(list)
+        for s in by_group.get(g, []):
+            turn_no = group.episodes[s.episode].turns[s.turn].turn
+            pools[None if cfg.mem_pooling == "prompt" else turn_no].append(s)
+        for pool in pools.values():
+            for s, a in zip(pool, normalize([s.r_mem for s in pool], cfg.mem_eps)):
+                out.a_mem[(g, s.episode, s.turn)] = float(a)
+        for e, ep in enumerate(group.episodes):
+            for t, turn in enumerate(ep.turns):
+                a_mem = out.a_mem.get((g, e, t), 0.0)
+                out.token_advantages[(g, e, t)] = token_advantage(len(turn.response_ids), out.a_out[(g, e)],
+                                                                  (turn.mem_start, turn.mem_end), a_mem, cfg.mem_alpha)
+    n = max(1, len(out.rewards))
+    out.metrics = {"reward_mean": sum(out.rewards.values()) / n, "f1_mean": sum(out.f1.values()) / n,
+                   "format_ok_share": sum(format_valid(ep) for grp in batch.groups for ep in grp.episodes) / n,
+                   "mem_blocks": float(len(out.a_mem))}
+    return out

@@ -1,0 +1,114 @@
+"""Advantages with hand-computed values, degenerate groups, and the mem-span-only property."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.common.config import AlgorithmConfig
+from services.common.messages import (ChatMessage, Episode, MemoryScore, MemoryScoreBatch, Prompt, RolloutGroup,
+                                      TrajectoryBatch, TurnRecord)
+from services.learner.advantages import compute_advantages, format_valid, normalize, outcome_reward, token_advantage
+from services.learner.rewards import exact_match, multi_objective_em, normalize_answer
+
+I32 = np.int32
+
+
+def _turn(t, n=10, mem=(-1, -1), ok=True, action="search"):
+    return TurnRecord(turn=t, context_ids=np.zeros(3, I32), response_ids=np.arange(n, dtype=I32),
+                      response_logprobs=np.zeros(n, np.float32), mem_start=mem[0], mem_end=mem[1], format_ok=ok,
+                      action=action)
+
+
+def _episode(answer, turns, finish="answer"):
+    return Episode(uid="u", sample=0, prompt_ids=np.zeros(3, I32), full_ids=np.zeros(3, I32), turns=turns,
+                   answer=answer, finish_reason=finish)
+
+
+def _group(answers, golds=(("Kroumia",),)):
+    eps = [_episode(a, [_turn(1), _turn(2, mem=(0, 4)), _turn(3, mem=(1, 5), action="answer")],
+                    "answer" if a is not None else "max_turns") for a in answers]
+    return RolloutGroup(prompt=Prompt(uid="p", messages=[ChatMessage("user", "q")], golds=[list(g) for g in golds]),
+                        episodes=eps)
+
+
+def test_squad_normalisation_and_multi_objective():
+    assert normalize_answer("The  Reed College!") == "reed college"
+    assert exact_match("the reed college", ["Reed College"]) == 1.0
+    assert multi_objective_em("Kroumia; 1961", [["Kroumia"], ["1962"]]) == 0.5
+    assert multi_objective_em("Kroumia", [["Kroumia"], ["1961"]]) == 0.5  # missing part scores 0
+    assert multi_objective_em(None, [["x"]]) == 0.0
+
+
+def test_outcome_reward_zero_when_format_invalid():
+    good = _episode("Kroumia", [_turn(1), _turn(2, action="answer")])
+    assert format_valid(good) and outcome_reward(good, [["Kroumia"]]) == (1.0, 1.0)
+    broken = _episode("Kroumia", [_turn(1, ok=False), _turn(2, action="answer")])
+    assert outcome_reward(broken, [["Kroumia"]]) == (0.0, 0.0)
+    unanswered = _episode(None, [_turn(1)], finish="max_turns")
+    assert outcome_reward(unanswered, [["Kroumia"]]) == (0.0, 0.0)
+
+
+def test_grpo_hand_computed():
+    # rewards [1, 0, 1, 1]: mean 0.75, unbiased std 0.5
+    a = normalize([1, 0, 1, 1], 1e-6)
+    np.testing.assert_allclose(a, [0.25 / 0.500001, -0.75 / 0.500001, 0.25 / 0.500001, 0.25 / 0.500001], rtol=1e-6)
+
+
+@pytest.mark.parametrize("values", [[1, 1, 1], [0.0], [], [0.3, 0.3]])
+def test_degenerate_groups_give_zero_not_nan(values):
+    a = normalize(values, 1e-6)
+    assert a.shape == (len(values),) and not np.isnan(a).any() and (a == 0).all()
+
+
+def test_compute_advantages_end_to_end_hand_values():
+    cfg = AlgorithmConfig()
+    group = _group(["Kroumia", "Lagav", "kroumia", None])
+    batch = TrajectoryBatch(groups=[group], policy_version=0)
+    # R_mem per block: episodes 0..3, turns 1 and 2 (indices), values chosen by hand
+    r = {(0, 1): 0.4, (0, 2): 0.2, (1, 1): -0.1, (1, 2): 0.0, (2, 1): 0.1, (2, 2): 0.3, (3, 1): -0.5, (3, 2): 0.2}
+    scores = MemoryScoreBatch(scores=[MemoryScore(group=0, episode=e, turn=t, answer_ids=np.zeros(1, I32),
+                                                  full_logp=np.zeros(1, np.float32), mem_logp=np.zeros(1, np.float32),
+                                                  full_keep=np.ones(1, bool), mem_keep=np.ones(1, bool),
+                                                  r_mem=v) for (e, t), v in r.items()],
+                              policy_version=0, tau=math.log(0.5), filter_mode="independent")
+    adv = compute_advantages(batch, scores, cfg)
+    assert [adv.rewards[(0, e)] for e in range(4)] == [1.0, 0.0, 1.0, 0.0]
+    np.testing.assert_allclose([adv.a_out[(0, e)] for e in range(4)], normalize([1, 0, 1, 0], cfg.grpo_eps))
+    vals = np.array(list(r.values()))
+    expected = (vals - vals.mean()) / (vals.std(ddof=1) + cfg.mem_eps)
+    np.testing.assert_allclose([adv.a_mem[(0, e, t)] for (e, t) in r], expected, rtol=1e-5)
+    tok = adv.token_advantages[(0, 0, 1)]  # turn index 1 has mem span [0, 4)
+    np.testing.assert_allclose(tok[:4], adv.a_out[(0, 0)] + expected[0], rtol=1e-5)
+    np.testing.assert_allclose(tok[4:], adv.a_out[(0, 0)])
+    np.testing.assert_allclose(adv.token_advantages[(0, 0, 0)], adv.a_out[(0, 0)])  # turn 1: no memory
+
+
+def test_prompt_turn_pooling_and_no_memory_reward():
+    group = _group(["Kroumia", "x"])
+    batch = TrajectoryBatch(groups=[group], policy_version=0)
+    scores = MemoryScoreBatch(scores=[MemoryScore(group=0, episode=e, turn=t, answer_ids=np.zeros(1, I32),
+                                                  full_logp=np.zeros(1, np.float32), mem_logp=np.zeros(1, np.float32),
+                                                  full_keep=np.ones(1, bool), mem_keep=np.ones(1, bool), r_mem=v)
+                                      for (e, t, v) in [(0, 1, 0.5), (1, 1, -0.5), (0, 2, 0.9), (1, 2, 0.1)]],
+                              policy_version=0, tau=-0.69, filter_mode="independent")
+    per_turn = compute_advantages(batch, scores, AlgorithmConfig(mem_pooling="prompt_turn"))
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)  # [0.5, -0.5]: deviation 0.5 over unbiased std sqrt(0.5)
+    assert per_turn.a_mem[(0, 0, 1)] == pytest.approx(a, rel=1e-5) and per_turn.a_mem[(0, 1, 2)] == pytest.approx(-a, rel=1e-5)
+    off = compute_advantages(batch, scores, AlgorithmConfig(use_memory_reward=False))
+    assert off.a_mem == {} and all((v == off.a_out[k[:2]]).all() for k, v in off.token_advantages.items())
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 40), a_out=st.floats(-5, 5), a_mem=st.floats(-5, 5), alpha=st.floats(0, 2),
+       span=st.tuples(st.integers(-1, 40), st.integers(0, 40)))
+def test_token_advantage_differs_from_a_out_only_on_the_mem_span(n, a_out, a_mem, alpha, span):
+    start, end = (span[0], max(span[0], span[1])) if span[0] >= 0 else (-1, -1)
+    adv = token_advantage(n, a_out, (start, end), a_mem, alpha)
+    inside = np.zeros(n, bool)
+    if start >= 0:
+        inside[start:end] = True
+    assert np.allclose(adv[~inside], np.float32(a_out))
+    assert np.allclose(adv[inside], np.float32(a_out) + np.float32(alpha * a_mem), atol=1e-5)
