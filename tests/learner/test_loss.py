@@ -1,0 +1,59 @@
+"""Policy loss pieces with hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from services.learner.loss import aggregate, entropy_from_logits, kl_penalty, policy_loss
+
+
+def t(x):
+    return torch.tensor(x, dtype=torch.float64)
+
+
+def test_ppo_clip_and_dual_clip_hand_values():
+    old = t([[0.0, 0.0, 0.0, 0.0]])
+    logp = t([[math.log(1.5), math.log(0.5), math.log(1.1), math.log(5.0)]])  # ratios 1.5, 0.5, 1.1, 5.0
+    adv = t([[1.0, 1.0, -2.0, -1.0]])
+    mask = t([[1, 1, 1, 1]])
+    loss, m = policy_loss(logp, old, adv, mask, 0.2, 0.2, 3.0, "token-mean")
+    # token 1: A>0, r=1.5 -> max(-1.5, -1.2) = -1.2 ; token 2: A>0, r=0.5 -> max(-0.5, -0.8) = -0.5
+    # token 3: A<0, r=1.1 -> max(2.2, 2.2) = 2.2, min(2.2, 6) = 2.2 ; token 4: A<0, r=5 -> max(5, 1.2) = 5, min(5, 3) = 3
+    assert loss.item() == pytest.approx((-1.2 - 0.5 + 2.2 + 3.0) / 4)
+    assert m["dual_clip_frac"] == pytest.approx(0.25)
+    assert m["clip_frac"] == pytest.approx(0.25)  # only token 1 is clipped by the ratio clip
+
+
+def test_aggregations_differ_as_defined():
+    values = t([[1.0, 3.0, 0.0], [10.0, 0.0, 0.0]])
+    mask = t([[1, 1, 0], [1, 0, 0]])
+    assert aggregate(values, mask, "token-mean").item() == pytest.approx((1 + 3 + 10) / 3)
+    assert aggregate(values, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 10) / 2)
+    empty = aggregate(values, torch.zeros_like(mask), "seq-mean-token-mean")
+    assert empty.item() == 0.0 and not torch.isnan(empty)
+    with pytest.raises(ValueError):
+        aggregate(values, mask, "bogus")
+
+
+def test_kl_estimators():
+    logp, ref = t([math.log(0.5)]), t([math.log(0.25)])  # log r = log 2
+    lr = math.log(2)
+    assert kl_penalty(logp, ref, "k1").item() == pytest.approx(lr)
+    assert kl_penalty(logp, ref, "k2").item() == pytest.approx(0.5 * lr * lr)
+    assert kl_penalty(logp, ref, "low_var_kl").item() == pytest.approx(0.5 - 1 + lr)
+    assert kl_penalty(ref, ref, "low_var_kl").item() == 0.0
+    assert kl_penalty(t([0.0]), t([-100.0]), "low_var_kl").item() <= 10.0
+
+
+def test_entropy():
+    uniform = torch.zeros(1, 4)
+    assert entropy_from_logits(uniform).item() == pytest.approx(math.log(4))
+    assert entropy_from_logits(torch.tensor([[100.0, 0.0, 0.0]])).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_gradient_flows_only_through_counted_tokens():
+    logp = torch.zeros(1, 3, dtype=torch.float64, requires_grad=True)
+    loss, _ = policy_loss(logp, torch.zeros(1, 3, dtype=torch.float64), t([[1.0, 1.0, 1.0]]), t([[1, 0, 1]]))
+    loss.backward()
+    assert logp.grad[0, 1].item() == 0.0 and logp.grad[0, 0].item() != 0.0
