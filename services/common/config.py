@@ -183,6 +183,7 @@ class LearnerConfig(_Section):
     loss_agg: Literal["seq-mean-token-mean", "token-mean"] = Field("seq-mean-token-mean", description="Loss aggregation (paper: seq-mean-token-mean).")
     micro_token_budget: int = Field(8192, ge=64, description="Tokens per micro-batch (gradient accumulation over micro-batches).")
     world_size: int = Field(1, ge=1, description="FSDP workers (one per GPU or CPU slot).")
+    num_cpus_per_worker: float = Field(1.0, ge=0, description="CPUs reserved per FSDP worker actor.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend; auto = nccl on GPU, gloo on CPU.")
     checkpoint_every: int = Field(50, ge=1, description="Sharded checkpoint every N steps.")
     resume: Literal["auto", "never"] = Field("auto", description="auto = resume from the latest complete checkpoint.")

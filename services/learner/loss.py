@@ -13,23 +13,29 @@ from __future__ import annotations
 import torch
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Tensor:
+def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, total_tokens: float | None = None,
+              total_rows: float | None = None) -> torch.Tensor:
     """``token-mean``: mean over every counted token of the batch. ``seq-mean-token-mean``: mean
-    over tokens within each row, then over rows that have any counted token (the paper's)."""
+    over tokens within each row, then over rows that have any counted token (the paper's).
+    With ``total_tokens`` / ``total_rows`` (counts over the whole batch, of which this is a micro-
+    batch or one rank's share) it returns this part's contribution, so the parts sum to the mean."""
     mask = mask.to(values.dtype)
     if agg == "token-mean":
-        return (values * mask).sum() / mask.sum().clamp(min=1.0)
+        denom = mask.sum().clamp(min=1.0) if total_tokens is None else max(total_tokens, 1.0)
+        return (values * mask).sum() / denom
     if agg == "seq-mean-token-mean":
         per_row = mask.sum(-1)
         rows = per_row > 0
         seq = (values * mask).sum(-1)[rows] / per_row[rows]
-        return seq.mean() if seq.numel() else values.sum() * 0.0
+        denom = seq.numel() if total_rows is None else total_rows
+        return seq.sum() / max(denom, 1) if seq.numel() else values.sum() * 0.0
     raise ValueError(f"unknown loss aggregation {agg!r}")
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
                 eps_low: float = 0.2, eps_high: float = 0.2, dual_clip_c: float = 3.0,
-                agg: str = "seq-mean-token-mean") -> tuple[torch.Tensor, dict]:
+                agg: str = "seq-mean-token-mean", total_tokens: float | None = None,
+                total_rows: float | None = None) -> tuple[torch.Tensor, dict]:
     """PPO-clip on ratio = exp(logp - old_logp); for negative advantages the loss is also capped at
     -adv * c (dual clip), so one very unlikely token cannot dominate."""
     ratio = torch.exp(logp - old_logp)
@@ -47,7 +53,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
             "ratio_mean": float((ratio * m).sum() / n),
             "approx_kl_old": float(((old_logp - logp) * m).sum() / n),
         }
-    return aggregate(pg, mask, agg), metrics
+    return aggregate(pg, mask, agg, total_tokens, total_rows), metrics
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:

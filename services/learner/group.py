@@ -1,0 +1,84 @@
+"""The learner's FSDP group: W ``LearnerWorker`` actors (one per GPU, or per CPU slot) driven as one.
+
+    group = LearnerGroup(cfg, model_dir)                 # W = cfg.learner.world_size
+    metrics = group.train_step(training_batch)           # one PPO/GRPO update, all ranks
+    metrics = group.sft_step(training_batch)             # one cross-entropy update
+    state = group.full_state_dict()                      # gathered once, on rank 0
+    group.shutdown()
+
+The batch is encoded and put in the object store once; every rank reads the same bytes.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import ray
+import torch
+
+from services.common.codec import encode
+from services.common.config import MempoConfig
+from services.common.messages import TrainingBatch
+from services.learner.worker import LearnerWorker
+
+_SUMMED = ("pg_loss", "kl", "entropy", "abs_diff", "tokens", "clip", "dual_clip", "sft_loss")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LearnerGroup:
+    def __init__(self, cfg: MempoConfig, model_dir: str, world_size: int | None = None):
+        self.cfg = cfg
+        self.world = world_size or cfg.learner.world_size
+        gpus = 1 if torch.cuda.is_available() else 0
+        actor = ray.remote(num_cpus=cfg.learner.num_cpus_per_worker, num_gpus=gpus)(LearnerWorker)
+        port = _free_port()
+        config = cfg.model_dump(mode="json")
+        self.workers = [actor.remote(r, self.world, config, str(model_dir), port) for r in range(self.world)]
+        ray.get([w.ready.remote() for w in self.workers])
+
+    def _all(self, method: str, *args) -> list:
+        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+
+    def _combine(self, parts: list[dict]) -> dict:
+        out = {k: sum(p.get(k, 0.0) for p in parts) for k in _SUMMED if k in parts[0]}
+        n = max(out.get("tokens", 0.0), 1.0)
+        for k in ("entropy", "abs_diff", "clip", "dual_clip"):
+            if k in out:
+                out[k] = out[k] / n
+        if "abs_diff" in out:
+            out["logprob_abs_diff_mean"] = out.pop("abs_diff")
+            out["logprob_max_ratio"] = max(float(torch.tensor(p["max_abs_diff"]).exp()) for p in parts)
+        for k in ("grad_norm", "lr"):
+            if k in parts[0]:
+                out[k] = parts[0][k]
+        out["seconds"] = max(p["seconds"] for p in parts)
+        return out
+
+    def train_step(self, batch: TrainingBatch) -> dict:
+        ref = ray.put(encode(batch))
+        return self._combine(self._all("train_step", ref))
+
+    def sft_step(self, batch: TrainingBatch) -> dict:
+        ref = ray.put(encode(batch))
+        return self._combine(self._all("sft_step", ref))
+
+    def full_state_dict(self) -> dict:
+        return next(sd for sd in self._all("full_state_dict") if sd is not None)
+
+    def param_digest(self) -> float:
+        return self._all("param_digest")[0]
+
+    def set_lr(self, lr: float) -> None:
+        self._all("set_lr", lr)
+
+    def shutdown(self) -> None:
+        try:
+            self._all("shutdown")
+        finally:
+            for w in self.workers:
+                ray.kill(w)

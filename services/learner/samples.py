@@ -1,0 +1,110 @@
+"""Training samples: every turn is its own (context, response) sample, trained under the context it
+was generated with (memory mode makes a rollout a list of short samples, not one long sequence).
+
+    batch = training_batch(trajectory_batch, advantages)      # -> TrainingBatch (packed, no padding)
+    micro = micro_batches(batch, token_budget=8192, rank=0, world=2)   # this rank's padded micro-batches
+
+Loss counts only generated tokens (``loss_mask``); observations, prompts and padding get none.
+Micro-batches are length-sorted and filled up to ``token_budget`` padded tokens; rank r of W takes
+every W-th micro-batch, so the ranks together see each sample exactly once. Every rank gets the same
+number of micro-batches (FSDP's collectives need it): a rank short of one runs a copy of another
+with its loss mask zeroed, which changes no gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from services.common.messages import TrainingBatch, TrajectoryBatch
+from services.learner.advantages import Advantages
+
+
+def training_batch(batch: TrajectoryBatch, adv: Advantages) -> TrainingBatch:
+    ids, loss, advs, lps, mems, groups, lengths = [], [], [], [], [], [], []
+    for g, group in enumerate(batch.groups):
+        for e, ep in enumerate(group.episodes):
+            for t, turn in enumerate(ep.turns):
+                n_ctx, n_resp = len(turn.context_ids), len(turn.response_ids)
+                if n_resp == 0:
+                    continue
+                ids.append(np.concatenate([turn.context_ids, turn.response_ids]).astype(np.int32))
+                loss.append(np.r_[np.zeros(n_ctx, bool), np.ones(n_resp, bool)])
+                advs.append(np.r_[np.zeros(n_ctx, np.float32), adv.token_advantages[(g, e, t)]])
+                lps.append(np.r_[np.zeros(n_ctx, np.float32), turn.response_logprobs.astype(np.float32)])
+                mem = np.zeros(n_ctx + n_resp, bool)
+                if turn.mem_start >= 0:
+                    mem[n_ctx + turn.mem_start:n_ctx + turn.mem_end] = True
+                mems.append(mem)
+                groups.append(g)
+                lengths.append(n_ctx + n_resp)
+    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
+    return TrainingBatch(input_ids=cat(ids, np.int32), cu_seqlens=np.r_[0, np.cumsum(lengths)].astype(np.int64),
+                         loss_mask=cat(loss, bool), advantages=cat(advs, np.float32),
+                         rollout_logprobs=cat(lps, np.float32), mem_mask=cat(mems, bool),
+                         group_ids=np.asarray(groups, np.int32), policy_version=batch.policy_version, step=batch.step)
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, T] right-padded
+    attention_mask: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T] on the *target* positions (token t predicted from t-1)
+    advantages: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    samples: list[int]  # sample indices in the TrainingBatch
+
+    @property
+    def tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def _slice(arr: np.ndarray, cu: np.ndarray, i: int) -> np.ndarray:
+    return arr[cu[i]:cu[i + 1]]
+
+
+def micro_batches(batch: TrainingBatch, token_budget: int, rank: int = 0, world: int = 1) -> list[MicroBatch]:
+    cu = batch.cu_seqlens
+    n = len(cu) - 1
+    order = sorted(range(n), key=lambda i: (int(cu[i + 1] - cu[i]), i))
+    groups, cur = [], []
+    for i in order:
+        length = int(cu[i + 1] - cu[i])
+        if cur and length * (len(cur) + 1) > token_budget:  # sorted: this sample is the longest so far
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        groups.append(cur)
+    per_rank = -(-len(groups) // world)
+    mine = groups[rank::world]
+    dummies = per_rank - len(mine)
+    mine = mine + [groups[0]] * dummies
+    out = []
+    for j, idx in enumerate(mine):
+        length = max(int(cu[i + 1] - cu[i]) for i in idx)
+        shape = (len(idx), length)
+        ids, att = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
+        lm, adv, lp = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)
+        for r, i in enumerate(idx):
+            k = int(cu[i + 1] - cu[i])
+            ids[r, :k] = torch.from_numpy(_slice(batch.input_ids, cu, i).astype(np.int64))
+            att[r, :k] = 1
+            lm[r, :k] = torch.from_numpy(_slice(batch.loss_mask, cu, i).astype(np.float32))
+            adv[r, :k] = torch.from_numpy(_slice(batch.advantages, cu, i).copy())
+            lp[r, :k] = torch.from_numpy(_slice(batch.rollout_logprobs, cu, i).copy())
+        if j >= len(mine) - dummies:
+            lm.zero_()
+            idx = []
+        out.append(MicroBatch(ids, att, lm, adv, lp, idx))
+    return out
+
+
+def global_counts(batch: TrainingBatch) -> tuple[float, float]:
+    """(loss tokens, samples with any loss token) over the whole batch: the denominators that make
+    a rank's partial loss sum to the full-batch loss."""
+    cu = batch.cu_seqlens
+    per_sample = np.add.reduceat(batch.loss_mask.astype(np.int64), cu[:-1]) if len(cu) > 1 else np.zeros(0)
+    return float(batch.loss_mask.sum()), float((per_sample > 0).sum())

@@ -1,0 +1,175 @@
+"""One FSDP2 training rank: a Ray actor holding a shard of the policy, its optimizer and a frozen
+reference policy (for the KL term).
+
+The model is sharded with ``fully_shard`` per decoder layer, then the root, over gloo on CPU or
+NCCL on GPU. Every rank receives the whole ``TrainingBatch`` (an ObjectRef resolves to the same
+bytes everywhere) and trains on its share of the micro-batches; losses are normalised by counts
+over the whole batch, so the ranks' gradients sum to the full-batch gradient.
+
+Driven by ``services/learner/group.py``; not meant to be called by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from services.common.codec import decode
+from services.common.config import MempoConfig
+from services.common.messages import TrainingBatch
+from services.learner.loss import aggregate, entropy_from_logits, kl_penalty, policy_loss
+from services.learner.samples import MicroBatch, global_counts, micro_batches
+
+
+def token_logprobs(model, mb: MicroBatch, with_entropy: bool = False):
+    """[B, T] log p(input_ids[:, t] | input_ids[:, :t]); column 0 is 0 (nothing predicts it)."""
+    device = next(model.parameters()).device
+    out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device), use_cache=False)
+    logits = out.logits[:, :-1].float()
+    lp = torch.log_softmax(logits, -1).gather(-1, mb.input_ids[:, 1:].to(device)[..., None])[..., 0]
+    lp = torch.nn.functional.pad(lp, (1, 0))
+    if not with_entropy:
+        return lp, None
+    with torch.no_grad():
+        ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0))
+    return lp, ent
+
+
+class LearnerWorker:
+    def __init__(self, rank: int, world: int, config: dict, model_dir: str, master_port: int):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = MempoConfig.model_validate(config)
+        self.rank, self.world = rank, world
+        lc = self.cfg.learner
+        cuda = torch.cuda.is_available()
+        backend = lc.backend if lc.backend != "auto" else ("nccl" if cuda else "gloo")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
+                          WORLD_SIZE=str(world))
+        if cuda:
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, rank=rank, world_size=world)
+        self.mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
+        dtype = {"auto": torch.bfloat16 if cuda else torch.float32, "float32": torch.float32,
+                 "bfloat16": torch.bfloat16, "float16": torch.float16}[self.cfg.model.dtype]
+        torch.manual_seed(self.cfg.train.seed)
+
+        def load(frozen: bool):
+            m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to("cuda" if cuda else "cpu")
+            for layer in m.model.layers:
+                fully_shard(layer, mesh=self.mesh)
+            fully_shard(m, mesh=self.mesh)
+            if frozen:
+                m.requires_grad_(False).eval()
+            return m
+
+        self.model = load(False)
+        self.ref = load(True) if lc.kl_coef > 0 else None
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
+        warm = max(1, lc.warmup_steps)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lambda s: min(1.0, (s + 1) / warm))
+        self.step = 0
+
+    def ready(self) -> int:
+        return self.rank
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _micro(self, batch: TrainingBatch) -> list[MicroBatch]:
+        return micro_batches(batch, self.cfg.learner.micro_token_budget, self.rank, self.world)
+
+    def _finish_step(self, lr_key: str = "lr") -> dict:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.grad_clip)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        lr = self.sched.get_last_lr()[0]
+        self.optim.step()
+        self.sched.step()
+        self.optim.zero_grad(set_to_none=True)
+        self.step += 1
+        return {"grad_norm": float(norm), lr_key: lr}
+
+    def train_step(self, payload: bytes) -> dict:
+        """One PPO/GRPO update on the whole batch (gradient accumulation over micro-batches)."""
+        lc = self.cfg.learner
+        t0 = time.perf_counter()
+        batch = decode(payload, TrainingBatch)
+        tokens, rows = global_counts(batch)
+        micro = self._micro(batch)
+        with torch.no_grad():  # old (pre-update) and reference log-probs
+            old = [token_logprobs(self.model, mb)[0].cpu() for mb in micro]
+            ref = [token_logprobs(self.ref, mb)[0].cpu() for mb in micro] if self.ref is not None else None
+        sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "abs_diff": 0.0, "max_abs_diff": 0.0, "tokens": 0.0,
+                "clip": 0.0, "dual_clip": 0.0}
+        for i, mb in enumerate(micro):
+            lp, ent = token_logprobs(self.model, mb, with_entropy=True)
+            lp = lp.cpu() if lp.device.type != "cpu" else lp
+            mask = mb.loss_mask
+            pg, m = policy_loss(lp, old[i], mb.advantages, mask, lc.clip_eps_low, lc.clip_eps_high, lc.dual_clip_c,
+                                lc.loss_agg, tokens, rows)
+            loss = pg
+            if ref is not None:
+                kl = aggregate(kl_penalty(lp, ref[i], lc.kl_type), mask, lc.loss_agg, tokens, rows)
+                loss = loss + lc.kl_coef * kl
+                sums["kl"] += float(kl)
+            (loss * self.world).backward()  # FSDP averages gradients over ranks; our parts already sum
+            n = float(mask.sum())
+            diff = (old[i] - mb.rollout_logprobs).abs() * mask
+            sums["pg_loss"] += float(pg)
+            sums["entropy"] += float((ent.cpu() * mask).sum())
+            sums["abs_diff"] += float(diff.sum())
+            sums["max_abs_diff"] = max(sums["max_abs_diff"], float(diff.max()) if n else 0.0)
+            sums["tokens"] += n
+            sums["clip"] += m["clip_frac"] * n
+            sums["dual_clip"] += m["dual_clip_frac"] * n
+        sums.update(self._finish_step())
+        sums["seconds"] = time.perf_counter() - t0
+        return sums
+
+    def sft_step(self, payload: bytes) -> dict:
+        """Cross-entropy on the generated (assistant) tokens; same machinery, same normalisation."""
+        t0 = time.perf_counter()
+        batch = decode(payload, TrainingBatch)
+        tokens, rows = global_counts(batch)
+        loss_sum, n = 0.0, 0.0
+        for mb in self._micro(batch):
+            lp, _ = token_logprobs(self.model, mb)
+            loss = aggregate(-lp.cpu() if lp.device.type != "cpu" else -lp, mb.loss_mask, self.cfg.learner.loss_agg,
+                             tokens, rows)
+            (loss * self.world).backward()
+            loss_sum += float(loss)
+            n += float(mb.loss_mask.sum())
+        out = {"sft_loss": loss_sum, "tokens": n, **self._finish_step()}
+        out["seconds"] = time.perf_counter() - t0
+        return out
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.optim.param_groups:
+            g["lr"] = lr
+        self.sched.base_lrs = [lr for _ in self.sched.base_lrs]
+
+    # -- weights --------------------------------------------------------------------------------
+
+    def full_state_dict(self) -> dict | None:
+        """Collective: every rank must call it; rank 0 gets the full CPU state dict, others None."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if self.rank == 0 else None
+
+    def param_digest(self) -> float:
+        """A cheap fingerprint of the parameters (sum of |p| over the full model), for tests."""
+        total = torch.zeros((), dtype=torch.float64)
+        for p in self.model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            total += local.detach().double().abs().sum().cpu()
+        dist.all_reduce(total)
+        return float(total)
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
