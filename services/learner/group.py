@@ -11,7 +11,9 @@ The batch is encoded and put in the object store once; every rank reads the same
 
 from __future__ import annotations
 
+import shutil
 import socket
+from pathlib import Path
 
 import ray
 import torch
@@ -75,6 +77,41 @@ class LearnerGroup:
 
     def set_lr(self, lr: float) -> None:
         self._all("set_lr", lr)
+
+    def save_checkpoint(self, run_dir: str, step: int, extra: dict | None = None) -> str:
+        from services.learner.checkpoint import step_dir
+
+        path = str(step_dir(run_dir, step))
+        self._all("save_checkpoint", path, extra or {})
+        return path
+
+    def resume(self, run_dir: str) -> dict | None:
+        """Load the latest complete checkpoint of ``run_dir`` (``learner.resume: auto``); None if
+        there is none. Returns {"step", "extra"} (the driver's data position and the like)."""
+        from services.learner.checkpoint import latest_complete
+
+        path = latest_complete(run_dir)
+        if path is None or self.cfg.learner.resume == "never":
+            return None
+        return self._all("load_checkpoint", str(path))[0]
+
+    def export_hf(self, out_dir: str, source_dir: str) -> str:
+        """A plain Hugging Face directory (save_pretrained + tokenizer) of the current policy, for
+        vLLM and users. ``source_dir`` gives the config and tokenizer."""
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        state = self.full_state_dict()
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source_dir))
+        model.load_state_dict(state)
+        model.save_pretrained(out_dir, safe_serialization=True)
+        AutoTokenizer.from_pretrained(source_dir).save_pretrained(out_dir)
+        gen = Path(source_dir) / "generation_config.json"
+        if gen.is_file():
+            shutil.copy(gen, Path(out_dir) / "generation_config.json")
+        return out_dir
+
+    def optimizer_digest(self) -> float:
+        return self._all("optimizer_digest")[0]
 
     def shutdown(self) -> None:
         try:

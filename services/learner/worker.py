@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -167,6 +168,31 @@ class LearnerWorker:
         for p in self.model.parameters():
             local = p.to_local() if hasattr(p, "to_local") else p
             total += local.detach().double().abs().sum().cpu()
+        dist.all_reduce(total)
+        return float(total)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: str, extra: dict) -> str:
+        from services.learner.checkpoint import save_sharded
+
+        save_sharded(Path(path), self.model, self.optim, self.sched, self.step, self.rank, extra)
+        return path
+
+    def load_checkpoint(self, path: str) -> dict:
+        from services.learner.checkpoint import load_sharded
+
+        self.step, extra = load_sharded(Path(path), self.model, self.optim, self.sched, self.rank)
+        return {"step": self.step, "extra": extra}
+
+    def optimizer_digest(self) -> float:
+        """Sum of |state| over every optimizer tensor of the full model, for tests."""
+        total = torch.zeros((), dtype=torch.float64)
+        for st in self.optim.state.values():
+            for v in st.values():
+                if torch.is_tensor(v) and v.dim() > 0:
+                    local = v.to_local() if hasattr(v, "to_local") else v
+                    total += local.detach().double().abs().sum().cpu()
         dist.all_reduce(total)
         return float(total)
 

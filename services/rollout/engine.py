@@ -6,7 +6,8 @@ which policy version produced it. ``update_weights`` swaps weights without resta
 Version policy (a turn is generated wholly by one version):
   1. new turns wait at a gate; 2. turns already running finish on the old weights (and record the
   old version); 3. the weights are written as safetensors to a RAM-backed folder and reloaded in
-  place (``collective_rpc("reload_weights")``), the prefix cache is reset; 4. the version is bumped
+  place (``collective_rpc("reload_weights")``), a tied LM head is refreshed (``vllm_ext.py``), the
+  prefix cache is reset; 4. the version is bumped
   and the gate opens. An episode in flight thus continues on the new version from its next turn,
   and every ``TurnRecord.policy_version`` is exact.
 
@@ -97,7 +98,8 @@ class PolicyEngine:
             dtype = "bfloat16" if torch.cuda.is_available() else "float32"
         args = AsyncEngineArgs(model=str(self.model_dir), dtype=dtype, max_model_len=e.max_model_len,
                                gpu_memory_utilization=e.gpu_memory_utilization, enforce_eager=e.enforce_eager,
-                               seed=e.seed, max_num_seqs=e.max_num_seqs, disable_log_stats=True)
+                               seed=e.seed, max_num_seqs=e.max_num_seqs, disable_log_stats=True,
+                               worker_extension_cls="services.rollout.vllm_ext.WeightSyncExtension")
         t0 = time.perf_counter()
         engine = AsyncLLM.from_engine_args(args)
         log.info("vLLM engine up on %s in %.1fs", self.model_dir, time.perf_counter() - t0)
@@ -138,6 +140,7 @@ class PolicyEngine:
             cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
             await asyncio.to_thread(save_file, cpu, str(self._weights_dir / "model.safetensors"))
             await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
+            await self.engine.collective_rpc("refresh_tied_head")  # see services/rollout/vllm_ext.py
             await self.engine.reset_prefix_cache()
             self.version = version
         finally:

@@ -28,6 +28,23 @@ from services.scorer.memory_reward import memory_reward
 from services.scorer.packing import Branch, tree_logprobs
 
 
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Chat-template token ids of ``messages`` plus the assistant generation prompt."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]
+
+
+def text_contexts(tokenizer, system: str, questions: list[str], memory: str,
+                  history: list[dict]) -> tuple[list[int], list[int]]:
+    """(mem context, full context) ids for grading a memory given as text: system + question(s)
+    + ``<mem>`` block, versus system + question(s) + the full chat history."""
+    from services.common.turn_format import block
+
+    head = [{"role": "system", "content": system}, {"role": "user", "content": "; ".join(questions)}]
+    mem = chat_ids(tokenizer, head) + tokenizer.encode(block("mem", memory), add_special_tokens=False)
+    return mem, chat_ids(tokenizer, head + list(history))
+
+
 class MemoryScorer:
     def __init__(self, model, tokenizer, cfg: MempoConfig):
         self.model = model

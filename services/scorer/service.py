@@ -141,8 +141,8 @@ class ScorerService:
             raise BadRequest(422, f"{field}[{bad}]", f"unknown token id {ids[bad]} (vocabulary size {self.vocab})")
 
     def _text_request(self, req: TextScoreRequest):
-        from services.common.turn_format import block
         from services.scorer.continuation import build_continuation
+        from services.scorer.scorer import text_contexts
 
         questions = [req.question] if isinstance(req.question, str) else req.question
         answers = [req.answer] if isinstance(req.answer, str) else req.answer
@@ -151,14 +151,8 @@ class ScorerService:
         if not answers or not all(a.strip() for a in answers):
             raise BadRequest(422, "answer", "must not be empty")
         system = req.system if req.system is not None else self.cfg.rollout.system_prompt
-        head = [{"role": "system", "content": system}, {"role": "user", "content": "; ".join(questions)}]
-
-        def chat(msgs):
-            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            return list(ids if isinstance(ids, list) else ids["input_ids"])
-
-        mem_ctx = chat(head) + self.tokenizer.encode(block("mem", req.memory), add_special_tokens=False)
-        full_ctx = chat(head + [t.model_dump() for t in req.history])
+        mem_ctx, full_ctx = text_contexts(self.tokenizer, system, questions, req.memory,
+                                          [t.model_dump() for t in req.history])
         try:
             cont = build_continuation(self.tokenizer, self.cfg.scorer.answer_template,
                                       self.cfg.scorer.gold_joiner.join(a.strip() for a in answers), self.scorer.tt)

@@ -30,14 +30,15 @@ def sft_model(grammar_model):
 @pytest.fixture(scope="module")
 def batch(rollout, world):
     handle, cfg = rollout
+    version = handle.info.remote().result()["version"]  # other test modules may have published weights
     prompts = load_prompts(world / "test.parquet", k=1, limit=4)
-    refs = RolloutDriver(handle, cfg).rollout(PromptBatch(prompts=prompts, n=2, policy_version=0, seed=7))
+    refs = RolloutDriver(handle, cfg).rollout(PromptBatch(prompts=prompts, n=2, policy_version=version, seed=7))
     out = [get_message(r, TrajectoryBatch) for r in refs]
-    return prompts, out
+    return prompts, out, version
 
 
 def test_every_record_is_consistent(batch, sft_model):
-    prompts, out = batch
+    prompts, out, version = batch
     tok = AutoTokenizer.from_pretrained(sft_model)
     groups = [g for b in out for g in b.groups]
     assert [g.prompt.uid for g in groups] == [p.uid for p in prompts]
@@ -66,7 +67,7 @@ def test_every_record_is_consistent(batch, sft_model):
                 parsed = parse_turn(text, turn.turn)
                 assert (parsed.action, parsed.problems) == (turn.action, turn.problems)
                 assert len(turn.response_logprobs) == len(turn.response_ids) and (turn.response_logprobs <= 0).all()
-                assert turn.policy_version == 0
+                assert turn.policy_version == version
                 if turn.mem_start >= 0:
                     mems += 1
                     piece = tok.decode(turn.response_ids[turn.mem_start : turn.mem_end].tolist())
@@ -95,19 +96,19 @@ def _greedy(handle, ids):
 
 def test_update_weights_changes_generation_without_restart(rollout, sft_model, batch):
     handle, _ = rollout
-    replica = handle.info.remote().result()["replica"]
+    replica, v0 = handle.info.remote().result()["replica"], batch[2]
     ids = [1, 5, 9, 14, 22, 40, 41, 42]
     before = _greedy(handle, ids)
     original = load_file(str(sft_model / "model.safetensors"))
     g = torch.Generator().manual_seed(0)
     perturbed = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in original.items()}
-    res = handle.update_weights.remote(encode(WeightUpdate(version=1, tensors=perturbed)), 1).result()
-    assert res["version"] == 1
+    res = handle.update_weights.remote(encode(WeightUpdate(version=v0 + 1, tensors=perturbed)), v0 + 1).result()
+    assert res["version"] == v0 + 1
     after = _greedy(handle, ids)
-    assert after["version"] == 1 and after["token_ids"] != before["token_ids"]
-    handle.update_weights.remote(encode(WeightUpdate(version=2, tensors=original)), 2).result()
+    assert after["version"] == v0 + 1 and after["token_ids"] != before["token_ids"]
+    handle.update_weights.remote(encode(WeightUpdate(version=v0 + 2, tensors=original)), v0 + 2).result()
     again = _greedy(handle, ids)
-    assert again["version"] == 2 and again["token_ids"] == before["token_ids"]
+    assert again["version"] == v0 + 2 and again["token_ids"] == before["token_ids"]
     np.testing.assert_allclose(again["logprobs"], before["logprobs"], atol=1e-5)
     assert handle.info.remote().result()["replica"] == replica  # same replica, no restart
 
@@ -135,3 +136,29 @@ def test_later_turns_record_the_new_version(rollout, world):
     out = get_message(ref, TrajectoryBatch)
     assert out.policy_version == version
     assert {t.policy_version for g in out.groups for e in g.episodes for t in e.turns} == {version}
+
+
+def test_loaded_weights_match_transformers_including_the_tied_head(rollout, sft_model):
+    """Regression: on CPU a tied LM head kept its old packed copy after a reload."""
+    from transformers import AutoModelForCausalLM
+
+    handle, _ = rollout
+    version = handle.info.remote().result()["version"]
+    original = load_file(str(sft_model / "model.safetensors"))
+    g = torch.Generator().manual_seed(3)
+    changed = dict(original)
+    changed["model.embed_tokens.weight"] = original["model.embed_tokens.weight"] + 0.05 * torch.randn(
+        original["model.embed_tokens.weight"].shape, generator=g)
+    handle.update_weights.remote(encode(WeightUpdate(version=version + 1, tensors=changed)), version + 1).result()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(sft_model, dtype=torch.float32).eval()
+        model.load_state_dict(changed, strict=False)
+        model.tie_weights()
+        ids = [1, 5, 9, 14, 22, 40]
+        out = _greedy(handle, ids)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + out["token_ids"]])).logits[0, len(ids) - 1 : -1]
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out["token_ids"])[:, None])[:, 0].numpy()
+        np.testing.assert_allclose(out["logprobs"], ref, atol=1e-4)
+    finally:
+        handle.update_weights.remote(encode(WeightUpdate(version=version + 2, tensors=original)), version + 2).result()

@@ -1,0 +1,49 @@
+"""Weight publication: after a step, the new policy reaches every rollout and scorer replica.
+
+The transfer path is an interface (``WeightPublisher``). ``ObjectStorePublisher`` (the default,
+and the only path on CPU) gathers the full state dict once (rank 0), encodes it as one
+``WeightUpdate`` message, puts it in the object store once, and broadcasts the ref to every
+replica of every target deployment; each replica loads it (rollout: in-place vLLM reload; scorer:
+atomic swap) and from then on reports the new version. A GPU path (NCCL broadcast, or vLLM's
+weight-transfer API) can implement the same ``publish`` beside it.
+
+    publisher = ObjectStorePublisher([rollout_handle, scorer_handle])
+    report = publisher.publish(group.full_state_dict(), version=step)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import ray
+import torch
+
+from services.common.codec import encode
+from services.common.messages import WeightUpdate
+
+
+class WeightPublisher(Protocol):
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> dict: ...
+
+
+class ObjectStorePublisher:
+    def __init__(self, handles: list, dtype: torch.dtype | None = None):
+        self.handles = handles
+        self.dtype = dtype  # e.g. bfloat16 to halve the transfer; None keeps the training dtype
+
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> dict:
+        t0 = time.perf_counter()
+        tensors = {k: (v.to(self.dtype) if self.dtype is not None and v.is_floating_point() else v)
+                   for k, v in state_dict.items()}
+        payload = encode(WeightUpdate(version=version, tensors=tensors))
+        ref = ray.put(payload)
+        t_put = time.perf_counter() - t0
+        replies = []
+        for h in self.handles:
+            replies += h.broadcast("update_weights", ref, version).results()
+        bad = [r for r in replies if r.get("version") != version]
+        if bad:
+            raise RuntimeError(f"replicas did not take version {version}: {bad}")
+        return {"version": version, "bytes": len(payload), "encode_put_s": t_put,
+                "total_s": time.perf_counter() - t0, "replicas": len(replies)}
