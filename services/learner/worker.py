@@ -59,6 +59,8 @@ class LearnerWorker:
         dtype = {"auto": torch.bfloat16 if cuda else torch.float32, "float32": torch.float32,
                  "bfloat16": torch.bfloat16, "float16": torch.float16}[self.cfg.model.dtype]
         torch.manual_seed(self.cfg.train.seed)
+        if not cuda:  # Ray pins OMP threads to the actor's CPUs (1 when it asks for less than one)
+            torch.set_num_threads(max(1, int(lc.num_cpus_per_worker)))
 
         def load(frozen: bool):
             m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to("cuda" if cuda else "cpu")

@@ -1,0 +1,121 @@
+"""Learner throughput: training tokens/s of one GRPO step at W=1 and W=2 FSDP workers on CPU, and
+the time to gather and publish the weights, for the tiny model and a ~100M-parameter model.
+
+The batch is real world data: oracle episodes of training prompts turned into per-turn samples
+(random token advantages, so every token carries gradient). Tokens/s counts every token of every
+sample (context + response) through the forward and backward passes of one optimizer step.
+"Gather" is the rank-0 full state dict (FSDP all-gather + CPU offload); "publish" is encoding one
+WeightUpdate and putting it in the object store (the part every replica then reads).
+
+    .venv/bin/python bench/learner.py [--samples 32] [--big-samples 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def make_batch(cfg, world, tok, prompts: int, n: int):
+    import numpy as np
+    import pandas as pd
+
+    from services.common.messages import TrajectoryBatch
+    from services.learner.advantages import compute_advantages
+    from services.learner.samples import training_batch
+    from services.world.oracle_records import oracle_group
+
+    rows = pd.read_parquet(world / "train.parquet").to_dict("records")[:prompts]
+    batch = TrajectoryBatch(groups=[oracle_group(cfg, world, r, n, tok, seed=i) for i, r in enumerate(rows)],
+                            policy_version=0)
+    adv = compute_advantages(batch, None, cfg.algorithm)
+    rng = np.random.default_rng(0)
+    for k, v in adv.token_advantages.items():
+        adv.token_advantages[k] = rng.normal(size=v.shape).astype(np.float32)
+    return training_batch(batch, adv)
+
+
+def big_model(world: Path, out: Path) -> Path:
+    """A ~100M-parameter Qwen2 (random init) with the world's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(world / "model")
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                      num_attention_heads=12, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
+                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def measure(cfg, model_dir: str, tb, world_size: int) -> dict:
+    from services.learner.group import LearnerGroup
+    from services.learner.publish import ObjectStorePublisher
+
+    cpus = max(1, (os.cpu_count() or 2) // world_size)  # the machine's cores, split between the ranks
+    cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"num_cpus_per_worker": float(cpus)})})
+    group = LearnerGroup(cfg, model_dir, world_size=world_size)
+    try:
+        group.train_step(tb)  # warm-up (allocations, first all-gathers)
+        t0 = time.perf_counter()
+        metrics = group.train_step(tb)
+        step_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        state = group.full_state_dict()
+        gather_s = time.perf_counter() - t0
+        pub = ObjectStorePublisher([]).publish(state, 1)
+    finally:
+        group.shutdown()
+    params = sum(v.numel() for k, v in state.items() if k != "lm_head.weight")
+    return {"step_s": step_s, "tokens": int(tb.cu_seqlens[-1]), "loss_tokens": int(metrics["tokens"]),
+            "gather_s": gather_s, "publish_s": pub["encode_put_s"], "mb": pub["bytes"] / 1e6, "params": params}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=8, help="tiny model: prompts (x4 episodes) in the batch")
+    ap.add_argument("--big-prompts", type=int, default=1, help="~100M model: prompts (x4 episodes) in the batch")
+    ap.add_argument("--config", default="deploy/configs/tiny.yaml")
+    args = ap.parse_args(argv)
+
+    import ray
+    from transformers import AutoTokenizer
+
+    from services.common.config import load_config
+    from services.world.build import build_world
+
+    cfg = load_config(args.config, ["learner.micro_token_budget=4096"])
+    world = build_world(cfg, progress=False)
+    tok = AutoTokenizer.from_pretrained(world / "model")
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, object_store_memory=1_000_000_000)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = [("tiny", str(world / "model"), make_batch(cfg, world, tok, args.prompts, 4)),
+                 ("~100M", str(big_model(world, Path(tmp) / "big")), make_batch(cfg, world, tok, args.big_prompts, 4))]
+        for name, path, tb in cases:
+            for w in (1, 2):
+                r = measure(cfg, path, tb, w)
+                rows.append((name, w, r))
+                print(f"  {name:6s} W={w}: {r['tokens'] / r['step_s']:8.1f} training tokens/s "
+                      f"({r['tokens']} tokens, {r['loss_tokens']} with loss, step {r['step_s']:.2f}s); "
+                      f"gather {r['gather_s']:.2f}s, encode+put {r['publish_s']:.2f}s for {r['mb']:.1f} MB", flush=True)
+    print(f"\nlearner bench ({os.cpu_count()} CPUs, gloo, fp32, one optimizer step after a warm-up step)")
+    print(f"{'model':8s}{'params':>12s}{'W':>3s}{'tokens/s':>11s}{'gather s':>10s}{'publish s':>11s}")
+    for name, w, r in rows:
+        print(f"{name:8s}{r['params']:12,d}{w:3d}{r['tokens'] / r['step_s']:11.1f}{r['gather_s']:10.2f}{r['publish_s']:11.2f}")
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
