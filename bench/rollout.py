@@ -27,10 +27,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 async def _bench(loop, engine, batch) -> dict:
-    from vllm import SamplingParams
-
     # warm-up: one short episode and one short raw request
     from dataclasses import replace
+
+    from vllm import SamplingParams
 
     await loop.run(replace(batch, prompts=batch.prompts[:1], n=1))
     t0 = time.perf_counter()

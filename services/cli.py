@@ -24,9 +24,9 @@ def _index(argv: list[str]) -> int:
     p.add_argument("--encoder", default="", help="dense: local encoder directory (e5-style, mean pooling)")
     p.add_argument("--passage-prefix", default="passage: ", help="dense: prefix of every passage")
     args = p.parse_args(argv)
+    from services.common.jsonl import read_jsonl
     from services.search_tool.backends import build_index
     from services.search_tool.dense_index import TextEncoder
-    from services.world.corpus import read_jsonl
 
     t0 = time.perf_counter()
     try:

@@ -71,8 +71,12 @@ def save_sharded(path: Path, model, optim, sched, step: int, rank: int, extra: d
 def load_sharded(path: Path, model, optim, sched, rank: int) -> tuple[int, dict]:
     """Collective: restore model, optimizer, schedule and RNG; returns (step, the driver's extra)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                         set_model_state_dict, set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     if not (path / MARKER).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint")

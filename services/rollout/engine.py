@@ -26,7 +26,6 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from services.common.config import MempoConfig

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-
 TRUNK_FACTOR = 3
 
 

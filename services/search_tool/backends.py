@@ -76,7 +76,7 @@ def load_backend(cfg: MempoConfig, build_missing: bool = True) -> SearchBackend:
     if not (path / marker).is_file() or (s.backend == "dense" and not (path / "faiss.index").is_file()):
         if not build_missing:
             raise FileNotFoundError(f"no {s.backend} index at {path}")
-        from services.world.corpus import read_jsonl
+        from services.common.jsonl import read_jsonl
 
         log.info("building the %s index of %s into %s", s.backend, corpus_path(cfg), path)
         return build_index(read_jsonl(corpus_path(cfg)), s.backend, path, encoder)

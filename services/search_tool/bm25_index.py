@@ -12,12 +12,13 @@ An empty or whitespace-only query, or one that matches no indexed term, returns 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import bm25s
 import numpy as np
 import Stemmer
+
+from services.common.jsonl import read_jsonl, write_jsonl
 
 _STEMMER = Stemmer.Stemmer("english")
 _CORPUS_FILE = "corpus.jsonl"
@@ -54,9 +55,7 @@ class BM25Index:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.retriever.save(str(path), show_progress=False)
-        with open(path / _CORPUS_FILE, "w", encoding="utf-8") as f:
-            for r in self.rows:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        write_jsonl(self.rows, path / _CORPUS_FILE)
 
     @classmethod
     def load(cls, path: str | Path) -> "BM25Index":
@@ -64,8 +63,7 @@ class BM25Index:
         if not (path / _CORPUS_FILE).is_file():
             raise FileNotFoundError(f"no BM25 index at {path} (build it first)")
         retriever = bm25s.BM25.load(str(path), show_progress=False)
-        with open(path / _CORPUS_FILE, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+        rows = read_jsonl(path / _CORPUS_FILE)
         return cls(retriever, rows)
 
     def __len__(self) -> int:

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from services.common.jsonl import read_jsonl, write_jsonl
+
 _CORPUS_FILE = "corpus.jsonl"
 _INDEX_FILE = "faiss.index"
 _META_FILE = "dense_meta.json"
@@ -90,9 +92,7 @@ class DenseIndex:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         faiss.write_index(self.index, str(path / _INDEX_FILE))
-        with open(path / _CORPUS_FILE, "w", encoding="utf-8") as f:
-            for r in self.rows:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        write_jsonl(self.rows, path / _CORPUS_FILE)
         meta = {"dim": self.index.d, "size": self.index.ntotal, "encoder": self.encoder.path if self.encoder else None}
         (path / _META_FILE).write_text(json.dumps(meta))
 
@@ -102,8 +102,7 @@ class DenseIndex:
         if not (path / _INDEX_FILE).is_file():
             raise FileNotFoundError(f"no dense index at {path} (build it first)")
         index = faiss.read_index(str(path / _INDEX_FILE))
-        with open(path / _CORPUS_FILE, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+        rows = read_jsonl(path / _CORPUS_FILE)
         if encoder is not None and encoder.dim != index.d:
             raise ValueError(f"encoder dim {encoder.dim} does not match the index dim {index.d}")
         return cls(index, rows, encoder)

@@ -34,8 +34,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from services.common.config import MempoConfig
+from services.common.jsonl import write_jsonl
 from services.search_tool.bm25_index import BM25Index
-from services.world.corpus import build_corpus, write_jsonl
+from services.world.corpus import build_corpus
 from services.world.entities import generate_world
 from services.world.oracle import BEHAVIOURS, OracleAgent
 from services.world.questions import build_question_sets, questions_of
@@ -113,10 +114,9 @@ def _oracle_data(cfg: MempoConfig, train_rows: list[dict], index: BM25Index, pro
 
 def build_world(cfg: MempoConfig, force: bool = False, progress: bool = True) -> Path:
     """Build the world for ``cfg`` unless an identical one is cached; returns its directory."""
+    from services.world.qwen_tokenizer import build_qwen_tokenizer
     from services.world.tiny_model import save_tiny_model
     from services.world.tokenizer import train_tokenizer
-
-    from services.world.qwen_tokenizer import build_qwen_tokenizer
 
     final = world_dir(cfg)
     build_qwen_tokenizer(qwen_tokenizer_path(cfg))  # config-independent; cached after the first build

@@ -11,9 +11,7 @@ titles contain the entity's name and which mention it next to wrong answers of t
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 from services.common.config import WorldConfig
 from services.world.entities import World
@@ -65,14 +63,3 @@ def build_corpus(world: World, cfg: WorldConfig) -> tuple[list[dict], dict[str, 
         if owner is not None:
             page_ids[owner] = str(i)
     return rows, page_ids
-
-
-def write_jsonl(rows: list[dict], path: Path) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]

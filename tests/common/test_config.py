@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.common.config import (ConfigError, MempoConfig, describe_fields, load_config, main, parse_override,
-                                    to_yaml)
+from services.common.config import ConfigError, MempoConfig, describe_fields, load_config, main, parse_override, to_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY_CONFIGS = sorted((REPO / "deploy" / "configs").glob("*.y*ml"))

@@ -8,8 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common.config import AlgorithmConfig
-from services.common.messages import (ChatMessage, Episode, MemoryScore, MemoryScoreBatch, Prompt, RolloutGroup,
-                                      TrajectoryBatch, TurnRecord)
+from services.common.messages import (
+    ChatMessage,
+    Episode,
+    MemoryScore,
+    MemoryScoreBatch,
+    Prompt,
+    RolloutGroup,
+    TrajectoryBatch,
+    TurnRecord,
+)
 from services.learner.advantages import compute_advantages, format_valid, normalize, outcome_reward, token_advantage
 from services.learner.rewards import exact_match, multi_objective_em, normalize_answer
 

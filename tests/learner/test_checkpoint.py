@@ -8,7 +8,6 @@ from transformers import AutoModelForCausalLM
 
 from services.learner.checkpoint import MARKER, latest_complete, step_dir
 from services.learner.group import LearnerGroup
-from tests.learner.test_fsdp import setup  # noqa: F401  (the shared training batch fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +28,7 @@ def _train(group, tb, steps):
         group.train_step(tb)
 
 
-def test_kill_and_resume_equals_uninterrupted(ray_cluster, setup, world, tmp_path):  # noqa: F811
+def test_kill_and_resume_equals_uninterrupted(ray_cluster, setup, world, tmp_path):
     cfg, tb = setup
     model = str(world / "model")
     ref = LearnerGroup(cfg, model, world_size=2)

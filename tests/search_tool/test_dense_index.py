@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from services.common.config import load_config
+from services.common.jsonl import read_jsonl
 from services.search_tool.backends import load_backend
 from services.search_tool.dense_index import DenseIndex, TextEncoder
-from services.world.corpus import read_jsonl
 
 
 def _minilm() -> Path:
