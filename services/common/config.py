@@ -184,6 +184,7 @@ class LearnerConfig(_Section):
     micro_token_budget: int = Field(8192, ge=64, description="Tokens per micro-batch (gradient accumulation over micro-batches).")
     world_size: int = Field(1, ge=1, description="FSDP workers (one per GPU or CPU slot).")
     num_cpus_per_worker: float = Field(1.0, ge=0, description="CPUs reserved per FSDP worker actor.")
+    publish_to: list[str] = Field(["rollout:rollout", "scorer:scorer"], description="Deployments that receive each new policy, as 'app:deployment'.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend; auto = nccl on GPU, gloo on CPU.")
     checkpoint_every: int = Field(50, ge=1, description="Sharded checkpoint every N steps.")
     resume: Literal["auto", "never"] = Field("auto", description="auto = resume from the latest complete checkpoint.")

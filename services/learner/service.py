@@ -1,0 +1,117 @@
+"""The learner deployment: owns the FSDP worker group, turns rollouts + memory scores into a policy
+update, checkpoints, and publishes the new weights to the rollout and scorer deployments.
+
+Handle methods:
+    step([TrajectoryBatch refs], [MemoryScoreBatch refs or None]) -> metrics incl. the new version
+        (refs wrapped in a list stay refs: the learner reads the bytes from the object store itself)
+    save() -> checkpoint path           info() -> {"version", "step", ...}
+
+One step: advantages per trajectory batch (MEMPO.md section 4) -> per-turn samples -> one
+PPO/GRPO update on W ranks -> version + 1 -> every ``learner.checkpoint_every`` steps a sharded
+checkpoint in ``train.run_dir`` -> the full state dict to every replica of ``learner.publish_to``.
+On start it resumes from the latest complete checkpoint of ``train.run_dir`` (``learner.resume``).
+
+    serve.run(learner_app(cfg), name="learner", route_prefix=None)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import numpy as np
+import ray
+from ray import serve
+
+from services.common.codec import decode
+from services.common.config import MempoConfig
+from services.common.messages import MemoryScoreBatch, TrainingBatch, TrajectoryBatch
+
+log = logging.getLogger("mempo.learner")
+
+
+def concat_training_batches(parts: list[TrainingBatch], version: int, step: int) -> TrainingBatch:
+    """One TrainingBatch from several (samples appended in order, offsets shifted)."""
+    cu, offset = [np.zeros(1, np.int64)], 0
+    for p in parts:
+        cu.append(p.cu_seqlens[1:] + offset)
+        offset += int(p.cu_seqlens[-1])
+    cat = (lambda name, dt: np.concatenate([getattr(p, name) for p in parts]).astype(dt))
+    return TrainingBatch(input_ids=cat("input_ids", np.int32), cu_seqlens=np.concatenate(cu).astype(np.int64),
+                         loss_mask=cat("loss_mask", bool), advantages=cat("advantages", np.float32),
+                         rollout_logprobs=cat("rollout_logprobs", np.float32), mem_mask=cat("mem_mask", bool),
+                         group_ids=cat("group_ids", np.int32), policy_version=version, step=step)
+
+
+@serve.deployment(name="learner")
+class LearnerService:
+    def __init__(self, config: dict):
+        from services.learner.group import LearnerGroup
+        from services.learner.publish import ObjectStorePublisher
+        from services.world.build import build_world, model_path
+
+        self.cfg = MempoConfig.model_validate(config)
+        if self.cfg.model.path == "world":
+            build_world(self.cfg, progress=False)
+        self.model_dir = str(model_path(self.cfg))
+        self.group = LearnerGroup(self.cfg, self.model_dir)
+        resumed = self.group.resume(self.cfg.train.run_dir)
+        self.step_no = resumed["step"] if resumed else 0
+        self.version = self.step_no
+        handles = [serve.get_deployment_handle(name.split(":")[-1], app_name=name.split(":")[0])
+                   for name in self.cfg.learner.publish_to]
+        self.publisher = ObjectStorePublisher(handles)
+        log.info("learner ready: W=%d, step %d%s", self.group.world, self.step_no, " (resumed)" if resumed else "")
+
+    def _step(self, traj_refs: list, score_refs: list) -> dict:
+        from services.learner.advantages import compute_advantages
+        from services.learner.samples import training_batch
+
+        t0 = time.perf_counter()
+        parts, adv_metrics = [], []
+        for i, ref in enumerate(traj_refs):
+            traj = decode(ray.get(ref), TrajectoryBatch)
+            scores = decode(ray.get(score_refs[i]), MemoryScoreBatch) if score_refs and score_refs[i] is not None else None
+            adv = compute_advantages(traj, scores, self.cfg.algorithm)
+            parts.append(training_batch(traj, adv))
+            adv_metrics.append(adv.metrics)
+        batch = concat_training_batches(parts, self.version, self.step_no)
+        prep_s = time.perf_counter() - t0
+        metrics = self.group.train_step(batch)
+        self.step_no += 1
+        self.version += 1
+        if self.step_no % self.cfg.learner.checkpoint_every == 0:
+            metrics["checkpoint"] = self.group.save_checkpoint(self.cfg.train.run_dir, self.step_no,
+                                                               {"version": self.version})
+        t1 = time.perf_counter()
+        report = self.publisher.publish(self.group.full_state_dict(), self.version) if self.publisher.handles else {}
+        n = max(1, len(adv_metrics))
+        for key in ("reward_mean", "f1_mean", "format_ok_share"):
+            metrics[key] = sum(m[key] for m in adv_metrics) / n
+        metrics.update(version=self.version, step=self.step_no, prepare_s=prep_s, publish_s=time.perf_counter() - t1,
+                       published_replicas=report.get("replicas", 0), samples=len(batch.cu_seqlens) - 1)
+        return metrics
+
+    async def step(self, traj_refs: list, score_refs: list | None = None) -> dict:
+        return await asyncio.to_thread(self._step, list(traj_refs), list(score_refs or []))
+
+    async def save(self) -> str:
+        return await asyncio.to_thread(self.group.save_checkpoint, self.cfg.train.run_dir, self.step_no,
+                                       {"version": self.version})
+
+    def info(self) -> dict:
+        return {"version": self.version, "step": self.step_no, "world_size": self.group.world, "model": self.model_dir}
+
+    def __del__(self):
+        group = getattr(self, "group", None)
+        if group is not None:
+            try:
+                group.shutdown()
+            except Exception:  # the cluster may already be gone
+                pass
+
+
+def learner_app(cfg: MempoConfig):
+    return LearnerService.options(num_replicas=1, ray_actor_options={"num_cpus": 0},
+                                  max_ongoing_requests=4).bind(cfg.model_dump(mode="json"))
