@@ -11,6 +11,7 @@ The batch is encoded and put in the object store once; every rank reads the same
 
 from __future__ import annotations
 
+import math
 import shutil
 import socket
 from pathlib import Path
@@ -54,7 +55,7 @@ class LearnerGroup:
                 out[k] = out[k] / n
         if "abs_diff" in out:
             out["logprob_abs_diff_mean"] = out.pop("abs_diff")
-            out["logprob_max_ratio"] = max(float(torch.tensor(p["max_abs_diff"]).exp()) for p in parts)
+            out["logprob_max_ratio"] = math.exp(max(p["max_abs_diff"] for p in parts))
         for k in ("grad_norm", "lr"):
             if k in parts[0]:
                 out[k] = parts[0][k]

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from services.common.codec import decode
 from services.common.config import MempoConfig
 from services.common.messages import TrainingBatch
+from services.common.model_io import model_dtype
 from services.learner.loss import aggregate, entropy_from_logits, kl_penalty, policy_loss
 from services.learner.samples import MicroBatch, global_counts, micro_batches
 
@@ -56,8 +57,7 @@ class LearnerWorker:
             torch.cuda.set_device(0)
         dist.init_process_group(backend, rank=rank, world_size=world)
         self.mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
-        dtype = {"auto": torch.bfloat16 if cuda else torch.float32, "float32": torch.float32,
-                 "bfloat16": torch.bfloat16, "float16": torch.float16}[self.cfg.model.dtype]
+        dtype = model_dtype(self.cfg.model.dtype)
         torch.manual_seed(self.cfg.train.seed)
         if not cuda:  # Ray pins OMP threads to the actor's CPUs (1 when it asks for less than one)
             torch.set_num_threads(max(1, int(lc.num_cpus_per_worker)))

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from services.common.config import MempoConfig
+from services.common.model_io import checkpoint_shapes, model_dtype, validate_weights
 
 log = logging.getLogger("mempo.rollout")
 
@@ -40,35 +41,6 @@ class TurnOutput:
     finish_reason: str  # "stop" (stop string or eos) | "length"
     version: int
     engine_s: float
-
-
-def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
-    """Parameter names and shapes of a saved HF checkpoint (read from safetensors headers)."""
-    from safetensors import safe_open
-
-    shapes = {}
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            for k in st.keys():
-                shapes[k] = tuple(st.get_slice(k).get_shape())
-    if not shapes:
-        raise FileNotFoundError(f"no safetensors weights in {model_dir}")
-    return shapes
-
-
-def validate_weights(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """Reject a state dict that would kill the engine half-way through a reload; returns the
-    tensors to load (a tied ``lm_head.weight`` that the checkpoint does not store is dropped)."""
-    if "lm_head.weight" in tensors and "lm_head.weight" not in expected:
-        tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
-    missing = sorted(set(expected) - set(tensors))
-    unknown = sorted(set(tensors) - set(expected))
-    if missing or unknown:
-        raise ValueError(f"weight names differ from the checkpoint: missing {missing[:5]}, unknown {unknown[:5]}")
-    for k, t in tensors.items():
-        if tuple(t.shape) != expected[k]:
-            raise ValueError(f"{k}: shape {tuple(t.shape)}, the checkpoint has {expected[k]}")
-    return tensors
 
 
 class PolicyEngine:
@@ -92,9 +64,7 @@ class PolicyEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        dtype = self.cfg.model.dtype
-        if dtype == "auto":
-            dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+        dtype = str(model_dtype(self.cfg.model.dtype)).removeprefix("torch.")
         args = AsyncEngineArgs(model=str(self.model_dir), dtype=dtype, max_model_len=e.max_model_len,
                                gpu_memory_utilization=e.gpu_memory_utilization, enforce_eager=e.enforce_eager,
                                seed=e.seed, max_num_seqs=e.max_num_seqs, disable_log_stats=True,

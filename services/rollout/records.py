@@ -12,6 +12,7 @@ import numpy as np
 
 from services.common.config import MempoConfig
 from services.common.messages import Episode, Prompt, TurnRecord
+from services.common.model_io import chat_ids
 from services.rollout.parser import ParsedTurn, parse_turn
 from services.rollout.token_text import TokenText, clean
 
@@ -25,10 +26,7 @@ class EpisodeBuilder:
         self.eos_text = tokenizer.eos_token or ""
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
-        msgs = [{"role": m.role, "content": m.content} for m in prompt.messages]
-        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if not isinstance(ids, list) else ids
-        return [int(i) for i in ids]
+        return chat_ids(self.tokenizer, [{"role": m.role, "content": m.content} for m in prompt.messages])
 
     def context(self, prompt_ids: list[int], pieces: list[list[int]]) -> list[int]:
         """The memory rule: system + question + the last ``memory_window`` turns (or all)."""

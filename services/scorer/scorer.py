@@ -22,16 +22,11 @@ import numpy as np
 
 from services.common.config import MempoConfig
 from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch
+from services.common.model_io import chat_ids
 from services.rollout.token_text import TokenText
 from services.scorer.continuation import Continuation, build_continuation, gold_text
 from services.scorer.memory_reward import memory_reward
 from services.scorer.packing import Branch, tree_logprobs
-
-
-def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Chat-template token ids of ``messages`` plus the assistant generation prompt."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]
 
 
 def text_contexts(tokenizer, system: str, questions: list[str], memory: str,
@@ -80,11 +75,12 @@ class MemoryScorer:
                                                       self.cfg.token_budget, stats)):
                     full_lp[(ei, ti)] = lp[a0:a1]
             # mem contexts: one tree per group, hanging off the shared system + question prompt
-            prompt = group.episodes[blocks[0][0]].prompt_ids.tolist()
+            first = group.episodes[blocks[0][0]].prompt_ids
+            if any(not np.array_equal(group.episodes[ei].prompt_ids, first) for ei in {e for e, _ in blocks}):
+                raise ValueError(f"group {gi}: episodes of one prompt have different prompt_ids")
+            prompt = first.tolist()
             mems = []
             for ei, ti in blocks:
-                if group.episodes[ei].prompt_ids.tolist() != prompt:
-                    raise ValueError(f"group {gi}: episodes of one prompt have different prompt_ids")
                 t = group.episodes[ei].turns[ti]
                 mems.append(t.response_ids[t.mem_start:t.mem_end].tolist())
             branches = [Branch(len(prompt), m + cont.ids) for m in mems]

@@ -38,6 +38,7 @@ from services.common.config import MempoConfig
 from services.common.http import HttpError as BadRequest
 from services.common.http import parse_model, read_json
 from services.common.messages import TrajectoryBatch, WeightUpdate
+from services.common.model_io import model_dtype, validate_weights
 
 log = logging.getLogger("mempo.scorer")
 app = FastAPI(title="mempo scorer", description="MemPO memory reward: how likely is the gold answer after "
@@ -72,9 +73,7 @@ class TokenScoreRequest(BaseModel):
 def _load_model(path: str, dtype: str):
     from transformers import AutoModelForCausalLM
 
-    if dtype == "auto":
-        dtype = "bfloat16" if torch.cuda.is_available() else "float32"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=model_dtype(dtype), attn_implementation="sdpa")
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
@@ -113,15 +112,9 @@ class ScorerService:
         if version is not None and version != update.version:
             raise ValueError(f"version {version} does not match the WeightUpdate's version {update.version}")
         model = self.scorer.model
-        state = model.state_dict()
-        tensors = {k: v for k, v in update.tensors.items() if k in state}
-        missing = sorted(set(state) - set(tensors) - ({"lm_head.weight"} if model.config.tie_word_embeddings else set()))
-        unknown = sorted(set(update.tensors) - set(state))
-        if missing or unknown:
-            raise ValueError(f"weight names differ from the model: missing {missing[:5]}, unknown {unknown[:5]}")
-        for k, v in tensors.items():
-            if tuple(v.shape) != tuple(state[k].shape):
-                raise ValueError(f"{k}: shape {tuple(v.shape)}, the model has {tuple(state[k].shape)}")
+        tied = model.config.tie_word_embeddings
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+        tensors = validate_weights(update.tensors, expected)
         t0 = time.perf_counter()
         async with self.lock:  # no request is scored half with the old weights, half with the new
             model.load_state_dict(tensors, strict=False)

