@@ -74,6 +74,12 @@ class RolloutService:
         out = await self.engine.generate(list(prompt_ids), params)
         return {"token_ids": out.token_ids, "logprobs": out.logprobs, "version": out.version}
 
+    def check_health(self) -> None:
+        """Serve's periodic health check: a replica whose vLLM engine died is replaced, instead of
+        failing every call routed to it."""
+        if self.engine.engine.errored:
+            raise RuntimeError(f"the vLLM engine of replica {self.replica} is dead")
+
     def info(self) -> dict:
         return {"replica": self.replica, "version": self.engine.version, "model": self.model_dir}
 

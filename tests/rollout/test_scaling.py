@@ -22,8 +22,8 @@ APP = "rollout2"
 def two_replicas(search_service, world):
     # the untrained world model never answers, so every episode runs all its turns: calls are long
     cfg = load_config("deploy/configs/tiny.yaml", ["rollout.replicas=2", "rollout.num_cpus=0.5",
-                                                   "rollout.groups_per_call=1", "rollout.max_turns=6",
-                                                   "rollout.max_response_tokens=128", "rollout.call_retries=3"])
+                                                   "rollout.groups_per_call=1", "rollout.max_turns=4",
+                                                   "rollout.max_response_tokens=64", "rollout.call_retries=3"])
     handle = serve.run(rollout_app(cfg), name=APP, route_prefix=None)
     yield handle, cfg
     serve.delete(APP)
@@ -53,8 +53,8 @@ def test_a_replica_killed_mid_call_loses_and_duplicates_nothing(two_replicas, wo
     driver = RolloutDriver(handle, cfg)
     result = {}
 
-    def run():  # 8 calls of 4 episodes x 6 turns x 128 tokens: many seconds of work per replica
-        result["refs"] = driver.rollout(PromptBatch(prompts=prompts, n=4, policy_version=0))
+    def run():
+        result["refs"] = driver.rollout(PromptBatch(prompts=prompts, n=2, policy_version=0))
 
     worker = threading.Thread(target=run)
     worker.start()
@@ -66,5 +66,5 @@ def test_a_replica_killed_mid_call_loses_and_duplicates_nothing(two_replicas, wo
     out = _collect(result["refs"])
     uids = [g.prompt.uid for b in out for g in b.groups]
     assert uids == [p.uid for p in prompts]  # every prompt group exactly once, in order
-    assert all(sorted(e.sample for e in g.episodes) == [0, 1, 2, 3] for b in out for g in b.groups)
+    assert all(sorted(e.sample for e in g.episodes) == [0, 1] for b in out for g in b.groups)
     assert driver.stats["retries"] >= 1, driver.stats
