@@ -27,10 +27,15 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
-# The main job. Until the pipeline lands it builds the embedded world and shows what is in it.
+# The main job: world -> SFT cold start -> MemPO RL -> held-out eval of both policies -> report
+# (<train.run_dir>/report.md and curves.png). Extra overrides: make run ARGS="train.steps=40".
+MEMPO := .venv/bin/mempo
+ARGS ?=
 run: $(STAMP)
-	$(PY) -m services.world build $(CONFIG)
-	$(PY) -m services.world show $(CONFIG)
+	$(MEMPO) world build $(CONFIG) $(ARGS)
+	$(MEMPO) sft $(CONFIG) $(ARGS)
+	$(MEMPO) train $(CONFIG) $(ARGS)
+	$(MEMPO) eval $(CONFIG) $(ARGS) --report
 
 bench: $(STAMP)
 	$(PY) bench/codec.py

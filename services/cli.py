@@ -1,19 +1,28 @@
-"""The ``mempo`` command.
+"""The ``mempo`` command. Every subcommand takes a config file and ``key.sub=value`` overrides.
 
-    mempo world build|show|path [CONFIG.yaml] [key=value ...]   the embedded world
-    mempo config [CONFIG.yaml] [key=value ...]                  print the resolved config
-    mempo config --help-fields                                  every field with its help
-    mempo index CORPUS.jsonl OUT_DIR [--backend dense --encoder DIR]  build a retrieval index
+    mempo world build|show|path [CONFIG.yaml] [key=value ...]   build / describe the embedded world
+    mempo sft   [CONFIG.yaml] [key=value ...]    SFT cold start from oracle trajectories
+    mempo train [CONFIG.yaml] [key=value ...]    MemPO RL (resumes an existing train.run_dir)
+    mempo eval  [CONFIG.yaml] [key=value ...] [--policy NAME=DIR ...] [--report]
+                                                 held-out EM/F1/turns/TT/PT/R_mem per k, side by side
+    mempo serve [CONFIG.yaml] [key=value ...] [--apps search,scorer,...]   deploy services only
+    mempo scale rollout|scorer|search N [--run-dir DIR]   resize one service of a running pipeline
+    mempo index CORPUS.jsonl OUT_DIR [--backend dense --encoder DIR]       build a retrieval index
+    mempo config [CONFIG.yaml] [key=value ...] | --help-fields             resolved config / all fields
 
-Training subcommands (sft, train, eval, serve) arrive with the pipeline.
+`mempo <command> --help` says more. Baselines: algorithm.use_memory_reward=false (MEM1-like),
+rollout.memory_window=full (Search-R1-like).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
+
+DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "deploy" / "configs" / "tiny.yaml")
 
 
 def _index(argv: list[str]) -> int:
@@ -47,7 +56,134 @@ def _index(argv: list[str]) -> int:
     return 0
 
 
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"mempo {prog}", description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="CONFIG.yaml defaults to deploy/configs/tiny.yaml; every field and its "
+                                       "help: `mempo config --help-fields`.")
+    p.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value",
+                   help="a config file (first) and key.sub=value overrides, e.g. rollout.n=8")
+    return p
+
+
+def _load(args: list[str]):
+    from services.common.config import load_config
+
+    path = args[0] if args and "=" not in args[0] else DEFAULT_CONFIG
+    return load_config(path, [a for a in args if a is not path])
+
+
+def _setup_logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("ray", "ray.serve", "vllm", "filelock", "urllib3", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _sft(argv: list[str]) -> int:
+    p = _parser("sft", "SFT cold start: train the policy on the oracle's finished trajectories (turn "
+                       "contexts as the agent sees them) and export <train.run_dir>/sft/model.")
+    p.add_argument("--force", action="store_true", help="train again even if <run_dir>/sft/model exists")
+    a = p.parse_args(argv)
+    cfg = _load(a.args)
+    _setup_logging()
+    from services.pipeline.sft import run_sft, sft_dir
+
+    if (sft_dir(cfg) / "config.json").is_file() and not a.force:
+        print(f"SFT policy already in {sft_dir(cfg)}; keeping it (--force trains again)", flush=True)
+        return 0
+    run_sft(cfg)
+    return 0
+
+
+def _train(argv: list[str]) -> int:
+    p = _parser("train", "MemPO RL: rollout -> scorer -> learner -> publish, on Ray Serve. Starts from the SFT "
+                         "policy (train.init_from_sft); resumes an existing train.run_dir; Ctrl-C checkpoints.")
+    cfg = _load(p.parse_args(argv).args)
+    _setup_logging()
+    from services.pipeline.train import train
+
+    try:
+        train(cfg)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _eval(argv: list[str]) -> int:
+    p = _parser("eval", "Evaluate policies on held-out prompts (k = eval.objectives, eval.questions_per_k each) "
+                        "and print EM, F1, turns, total/peak tokens and memory reward side by side.")
+    p.add_argument("--policy", action="append", default=[], metavar="NAME=DIR",
+                   help="a Hugging Face policy directory to evaluate (repeatable); default: "
+                        "sft=<run_dir>/sft/model and rl=<run_dir>/policy where they exist")
+    p.add_argument("--report", action="store_true",
+                   help="also write <run_dir>/report.md, eval.json and curves.png (from metrics.jsonl)")
+    a = p.parse_args(argv)
+    cfg = _load(a.args)
+    _setup_logging()
+    from services.pipeline.eval_cli import run_eval
+
+    return run_eval(cfg, a.policy, a.report)
+
+
+def _serve(argv: list[str]) -> int:
+    p = _parser("serve", "Deploy the services (no training) and keep them up until Ctrl-C: e.g. the scorer's "
+                         "REST endpoint (POST /scorer/score) and Search-R1's POST /retrieve.")
+    p.add_argument("--apps", default="search,rollout,scorer",
+                   help="comma-separated services to deploy, of search, rollout, scorer, learner")
+    a = p.parse_args(argv)
+    cfg = _load(a.args)
+    _setup_logging()
+    from services.pipeline.apps import SERVICES, Pipeline, route_prefix
+
+    apps = [s.strip() for s in a.apps.split(",") if s.strip()]
+    bad = [s for s in apps if s not in SERVICES]
+    if bad:
+        print(f"error: unknown service(s) {bad}; choose from {', '.join(SERVICES)}", file=sys.stderr)
+        return 2
+    pipe = Pipeline.start(cfg, apps)
+    base = f"http://{cfg.ray.http_host}:{cfg.ray.http_port}"
+    for s in apps:
+        route = route_prefix(pipe.cfg, s)
+        print(f"{s}: " + (f"{base}{route.rstrip('/')}/" if route else "in-cluster handle only"), flush=True)
+    print("serving; Ctrl-C stops", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pipe.shutdown()
+    return 0
+
+
+def _scale(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mempo scale", description="Change a running pipeline's replica count for one "
+                                "service (rollout, scorer or search) while training runs; the other services and "
+                                "the running replicas are untouched.")
+    p.add_argument("service", choices=["rollout", "scorer", "search"])
+    p.add_argument("replicas", type=int)
+    p.add_argument("--run-dir", default="runs/tiny", help="the training run (its pipeline.yaml says what was deployed)")
+    p.add_argument("--address", default="auto", help="Ray address of the running cluster")
+    a = p.parse_args(argv)
+    from services.common.config import load_config
+    from services.pipeline.apps import scale
+
+    deployed = Path(a.run_dir) / "pipeline.yaml"
+    if not deployed.is_file():
+        print(f"error: {deployed} not found: is `mempo train` running with train.run_dir={a.run_dir}?", file=sys.stderr)
+        return 2
+    cfg = load_config(deployed, [f"ray.address={a.address}"])
+    scale(cfg, a.service, a.replicas)
+    print(f"{a.service}: {a.replicas} replica(s)", flush=True)
+    return 0
+
+
+COMMANDS = {"sft": _sft, "train": _train, "eval": _eval, "serve": _serve, "scale": _scale, "index": _index}
+
+
 def main(argv: list[str] | None = None) -> int:
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("RAY_USAGE_STATS_ENABLED", "0"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(key, value)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
@@ -61,8 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         from services.common.config import main as config_main
 
         return config_main(rest)
-    if cmd == "index":
-        return _index(rest)
+    if cmd in COMMANDS:
+        from services.common.config import ConfigError
+
+        try:
+            return COMMANDS[cmd](rest)
+        except (ConfigError, FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     print(f"error: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
     return 2
 

@@ -56,3 +56,28 @@ def test_index_dense_with_a_local_encoder(world, tmp_path):
     assert main(["index", str(corpus), str(tmp_path / "dense"), "--backend", "dense", "--encoder", str(encoder)]) == 0
     assert len(DenseIndex.load(tmp_path / "dense")) == 40
     assert main(["index", str(corpus), str(tmp_path / "d2"), "--backend", "dense", "--encoder", str(tmp_path / "nope")]) == 2
+
+
+def test_every_subcommand_has_help_and_bad_overrides_fail_cleanly(capsys):
+    import pytest
+
+    for cmd in ("sft", "train", "eval", "serve", "scale", "index"):
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--help"])
+        assert e.value.code == 0, cmd
+        assert f"mempo {cmd}" in capsys.readouterr().out
+    for cmd in ("sft", "train", "eval", "serve"):
+        assert main([cmd, "deploy/configs/tiny.yaml", "train.stepz=3"]) == 2
+        assert "did you mean 'train.steps'" in capsys.readouterr().err
+
+
+def test_train_without_an_sft_policy_says_what_to_run(tmp_path, capsys):
+    assert main(["train", f"train.run_dir={tmp_path / 'none'}"]) == 2
+    assert "run `mempo sft`" in capsys.readouterr().err
+
+
+def test_eval_rejects_a_policy_that_is_not_a_model_directory(tmp_path, capsys):
+    assert main(["eval", f"train.run_dir={tmp_path}", f"--policy=x={tmp_path}"]) == 2
+    assert "not a Hugging Face model directory" in capsys.readouterr().err
+    assert main(["eval", f"train.run_dir={tmp_path}"]) == 2
+    assert "nothing to evaluate" in capsys.readouterr().err

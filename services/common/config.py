@@ -184,6 +184,7 @@ class LearnerConfig(_Section):
     micro_token_budget: int = Field(8192, ge=64, description="Tokens per micro-batch (gradient accumulation over micro-batches).")
     world_size: int = Field(1, ge=1, description="FSDP workers (one per GPU or CPU slot).")
     num_cpus_per_worker: float = Field(1.0, ge=0, description="CPUs reserved per FSDP worker actor.")
+    threads: int = Field(0, ge=0, description="CPU only: torch threads per worker; 0 = its reserved CPUs (at least 1). The loop is synchronous, so the learner may use cores the idle rollout reserved.")
     publish_to: list[str] = Field(["rollout:rollout", "scorer:scorer"], description="Deployments that receive each new policy, as 'app:deployment'.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend; auto = nccl on GPU, gloo on CPU.")
     checkpoint_every: int = Field(50, ge=1, description="Sharded checkpoint every N steps.")
@@ -193,11 +194,25 @@ class LearnerConfig(_Section):
 
 class TrainConfig(_Section):
     steps: int = Field(200, ge=0, description="RL steps.")
+    data: str = Field("world", description="Training prompts (verl/Search-R1 parquet); 'world' = the embedded world's train.parquet.")
+    init_from_sft: bool = Field(True, description="Start RL from `<run_dir>/sft/model` (written by `mempo sft`) instead of model.path.")
     prompts_per_step: int = Field(128, ge=1, description="Prompts per step (reference 128; each gets rollout.n rollouts).")
     sft_epochs: int = Field(1, ge=0, description="Epochs over the oracle trajectories in the SFT cold start.")
+    sft_data: str = Field("world", description="SFT trajectories: JSONL rows with 'messages' (a finished transcript) and 'em'; 'world' = the world's oracle.jsonl.")
+    sft_min_em: float = Field(1.0, ge=0.0, le=1.0, description="Keep only SFT trajectories whose answer scored at least this EM (rejection sampling).")
+    sft_batch_size: int = Field(32, ge=1, description="Turns (context, response samples) per SFT step.")
     eval_every: int = Field(10, ge=1, description="Evaluate every N steps.")
     seed: int = Field(0, description="Seed of data order and sampling.")
     run_dir: str = Field("runs/default", description="Where checkpoints, logs and reports go.")
+
+
+class EvalConfig(_Section):
+    data: str = Field("world", description="Held-out prompts (parquet with extra_info.k); 'world' = the world's test.parquet.")
+    objectives: list[PositiveInt] = Field([], description="Objective counts k to evaluate; empty = world.test_objectives.")
+    questions_per_k: int = Field(100, ge=1, description="Held-out prompts per k in `mempo eval` and the final report.")
+    during_training_per_k: int = Field(16, ge=1, description="Held-out prompts per k in the periodic eval during training.")
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature of evaluation rollouts (0 = greedy).")
+    memory_reward: bool = Field(True, description="Also score the eval episodes' <mem> blocks (mean R_mem, P_mem, P_full).")
 
 
 class RayConfig(_Section):
@@ -206,6 +221,7 @@ class RayConfig(_Section):
     object_store_memory: int = Field(1_000_000_000, ge=78_643_200, description="Object store bytes of a local cluster.")
     http_host: str = Field("127.0.0.1", description="Serve HTTP host.")
     http_port: int = Field(8000, ge=1, le=65535, description="Serve HTTP port.")
+    app_prefix: str = Field("", description="Prefix of the pipeline's Serve application names (search, rollout, scorer, learner), so two pipelines can share a cluster; a non-empty prefix also sets rollout.search_app and learner.publish_to to match.")
 
 
 class MempoConfig(_Section):
@@ -220,6 +236,7 @@ class MempoConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Rewards and advantages.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Policy update and FSDP.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="The training loop.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster and Serve.")
 
 
@@ -313,6 +330,30 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         return MempoConfig.model_validate(tree)
     except ValidationError as e:
         raise ConfigError(_format_errors(e)) from None
+
+
+def updated_section(section: BaseModel, changes: dict, allowed: tuple[str, ...]) -> BaseModel:
+    """A validated copy of a config section with ``changes`` applied (a Serve deployment's
+    ``user_config``); keys outside ``allowed`` (the fields safe to change at runtime) fail."""
+    bad = sorted(set(changes or {}) - set(allowed))
+    if bad:
+        raise ConfigError(f"user_config: {bad} cannot change at runtime; allowed: {', '.join(allowed)}")
+    try:
+        return type(section).model_validate({**section.model_dump(), **(changes or {})})
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e)) from None
+
+
+# Replica counts are Serve deployment options, not replica constructor arguments: leaving them out of
+# the config a replica is built with makes "more rollout replicas" a lightweight Serve update (the
+# running replicas stay) instead of a redeploy.
+_SCALING_FIELDS = {"rollout": {"replicas"}, "scorer": {"replicas"},
+                   "search": {"replicas", "autoscaling", "min_replicas", "max_replicas", "target_ongoing_requests"}}
+
+
+def replica_config(cfg: MempoConfig) -> dict:
+    """The config dict a deployment's replicas are constructed with (replica counts left out)."""
+    return cfg.model_dump(mode="json", exclude=_SCALING_FIELDS)
 
 
 def to_yaml(cfg: MempoConfig) -> str:

@@ -2,6 +2,7 @@
 
     prompts = load_prompts("train.parquet")                  # every row
     prompts = load_prompts("test.parquet", k=2, limit=100)   # only 2-objective prompts, first 100
+    stream = PromptStream(prompts, per_step=8, seed=0); stream.at(step)  # the prompts of RL step ``step``
 
 A row's gold answers per objective come from ``extra_info.answers`` when present (the embedded
 world writes it), else from ``reward_model.ground_truth.target`` (Search-R1 datasets: a list of
@@ -10,6 +11,7 @@ acceptable answers of a single question).
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Optional
 
@@ -42,3 +44,26 @@ def load_prompts(path: str | Path, k: Optional[int] = None, limit: Optional[int]
     if limit is not None:
         rows = rows[:limit]
     return [row_to_prompt(r) for r in rows]
+
+
+class PromptStream:
+    """Training prompts in a seeded order, reshuffled every epoch; ``at(step)`` is a pure function of
+    the step, so a resumed run continues with exactly the prompts it would have seen."""
+
+    def __init__(self, prompts: list[Prompt], per_step: int, seed: int = 0):
+        if not prompts:
+            raise ValueError("no training prompts")
+        self.prompts, self.per_step, self.seed = prompts, per_step, seed
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            order = list(range(len(self.prompts)))
+            random.Random(f"{self.seed}/{epoch}").shuffle(order)
+            self._orders[epoch] = order
+        return self._orders[epoch]
+
+    def at(self, step: int) -> list[Prompt]:
+        n = len(self.prompts)
+        positions = range(step * self.per_step, (step + 1) * self.per_step)
+        return [self.prompts[self._order(p // n)[p % n]] for p in positions]

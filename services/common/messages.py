@@ -63,6 +63,7 @@ class PromptBatch:
     policy_version: int
     step: int = 0
     seed: int = 0
+    temperature: float = -1.0  # sampling temperature of this batch; < 0 = the rollout config's
 
 
 @message

@@ -98,17 +98,21 @@ class LearnerGroup:
 
     def export_hf(self, out_dir: str, source_dir: str) -> str:
         """A plain Hugging Face directory (save_pretrained + tokenizer) of the current policy, for
-        vLLM and users. ``source_dir`` gives the config and tokenizer."""
+        vLLM and users. ``source_dir`` gives the config and tokenizer. Written beside and renamed."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         state = self.full_state_dict()
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source_dir))
         model.load_state_dict(state)
-        model.save_pretrained(out_dir, safe_serialization=True)
-        AutoTokenizer.from_pretrained(source_dir).save_pretrained(out_dir)
+        out, tmp = Path(out_dir), Path(out_dir).with_name(Path(out_dir).name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp, safe_serialization=True)
+        AutoTokenizer.from_pretrained(source_dir).save_pretrained(tmp)
         gen = Path(source_dir) / "generation_config.json"
         if gen.is_file():
-            shutil.copy(gen, Path(out_dir) / "generation_config.json")
+            shutil.copy(gen, tmp / "generation_config.json")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)  # a finished export or the previous one, never a half-written directory
         return out_dir
 
     def optimizer_digest(self) -> float:

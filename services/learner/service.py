@@ -5,6 +5,8 @@ Handle methods:
     step([TrajectoryBatch refs], [MemoryScoreBatch refs or None]) -> metrics incl. the new version
         (refs wrapped in a list stay refs: the learner reads the bytes from the object store itself)
     save() -> checkpoint path           info() -> {"version", "step", ...}
+    publish() -> report (re-send the current policy, e.g. after a resume)
+    export(out_dir) -> out_dir (a plain Hugging Face directory of the current policy)
 
 One step: advantages per trajectory batch (MEMPO.md section 4) -> per-turn samples -> one
 PPO/GRPO update on W ranks -> version + 1 -> every ``learner.checkpoint_every`` steps a sharded
@@ -44,6 +46,30 @@ def concat_training_batches(parts: list[TrainingBatch], version: int, step: int)
                          group_ids=cat("group_ids", np.int32), policy_version=version, step=step)
 
 
+def stage_metrics(trajs: list[TrajectoryBatch], scores: list[MemoryScoreBatch], version: int) -> dict:
+    """What the rollout and scorer stages reported in their batches, merged over calls, plus how
+    many versions behind the learner the sampled tokens were (0 = on-policy)."""
+    out: dict[str, float] = {}
+    eps = sum(t.metrics.get("episodes", 0.0) for t in trajs) or 1.0
+    for key in ("episodes", "generated_tokens", "tool_calls", "tool_failures", "engine_s", "tool_s"):
+        out[f"rollout/{key}"] = sum(t.metrics.get(key, 0.0) for t in trajs)
+    for key in ("turns_mean", "peak_tokens_mean", "total_tokens_mean", "answered_share"):
+        out[f"rollout/{key}"] = sum(t.metrics.get(key, 0.0) * t.metrics.get("episodes", 0.0) for t in trajs) / eps
+    out["rollout/peak_tokens_max"] = max((t.metrics.get("peak_tokens_max", 0.0) for t in trajs), default=0.0)
+    out["rollout/call_wall_s_max"] = max((t.metrics.get("wall_s", 0.0) for t in trajs), default=0.0)
+    versions = [turn.policy_version for t in trajs for g in t.groups for ep in g.episodes for turn in ep.turns]
+    out["version_lag_mean"] = float(np.mean([version - v for v in versions])) if versions else 0.0
+    out["version_lag_max"] = float(max((version - v for v in versions), default=0))
+    if scores:
+        blocks = sum(s.metrics.get("blocks", 0.0) for s in scores)
+        out["scorer/blocks"] = blocks
+        out["scorer/seconds"] = sum(s.metrics.get("seconds", 0.0) for s in scores)
+        for key in ("p_mem_mean", "p_full_mean", "r_mem_mean"):
+            weighted = sum(s.metrics.get(key, 0.0) * s.metrics.get("blocks", 0.0) for s in scores)
+            out[f"scorer/{key}"] = weighted / max(blocks, 1.0)
+    return out
+
+
 @serve.deployment(name="learner")
 class LearnerService:
     def __init__(self, config: dict):
@@ -69,13 +95,16 @@ class LearnerService:
         from services.learner.samples import training_batch
 
         t0 = time.perf_counter()
-        parts, adv_metrics = [], []
+        parts, adv_metrics, trajs, score_batches = [], [], [], []
         for i, ref in enumerate(traj_refs):
             traj = decode(ray.get(ref), TrajectoryBatch)
             scores = decode(ray.get(score_refs[i]), MemoryScoreBatch) if score_refs and score_refs[i] is not None else None
             adv = compute_advantages(traj, scores, self.cfg.algorithm)
             parts.append(training_batch(traj, adv))
             adv_metrics.append(adv.metrics)
+            trajs.append(traj)
+            score_batches += [scores] if scores is not None else []
+        stages = stage_metrics(trajs, score_batches, self.version)
         batch = concat_training_batches(parts, self.version, self.step_no)
         prep_s = time.perf_counter() - t0
         metrics = self.group.train_step(batch)
@@ -90,15 +119,30 @@ class LearnerService:
         for key in ("reward_mean", "f1_mean", "format_ok_share"):
             metrics[key] = sum(m[key] for m in adv_metrics) / n
         metrics.update(version=self.version, step=self.step_no, prepare_s=prep_s, publish_s=time.perf_counter() - t1,
-                       published_replicas=report.get("replicas", 0), samples=len(batch.cu_seqlens) - 1)
+                       published_replicas=report.get("replicas", 0), samples=len(batch.cu_seqlens) - 1,
+                       episodes=sum(len(g.episodes) for t in trajs for g in t.groups), **stages)
         return metrics
 
     async def step(self, traj_refs: list, score_refs: list | None = None) -> dict:
         return await asyncio.to_thread(self._step, list(traj_refs), list(score_refs or []))
 
     async def save(self) -> str:
+        """A checkpoint of the current step (kept as is if this step already has a complete one)."""
+        from services.learner.checkpoint import MARKER, step_dir
+
+        path = step_dir(self.cfg.train.run_dir, self.step_no)
+        if (path / MARKER).is_file():
+            return str(path)
         return await asyncio.to_thread(self.group.save_checkpoint, self.cfg.train.run_dir, self.step_no,
                                        {"version": self.version})
+
+    async def publish(self) -> dict:
+        if not self.publisher.handles:
+            return {}
+        return await asyncio.to_thread(lambda: self.publisher.publish(self.group.full_state_dict(), self.version))
+
+    async def export(self, out_dir: str) -> str:
+        return await asyncio.to_thread(self.group.export_hf, out_dir, self.model_dir)
 
     def info(self) -> dict:
         return {"version": self.version, "step": self.step_no, "world_size": self.group.world, "model": self.model_dir}

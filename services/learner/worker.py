@@ -60,7 +60,7 @@ class LearnerWorker:
         dtype = model_dtype(self.cfg.model.dtype)
         torch.manual_seed(self.cfg.train.seed)
         if not cuda:  # Ray pins OMP threads to the actor's CPUs (1 when it asks for less than one)
-            torch.set_num_threads(max(1, int(lc.num_cpus_per_worker)))
+            torch.set_num_threads(lc.threads or max(1, int(lc.num_cpus_per_worker)))
 
         def load(frozen: bool):
             m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to("cuda" if cuda else "cpu")
@@ -103,16 +103,18 @@ class LearnerWorker:
         batch = decode(payload, TrainingBatch)
         tokens, rows = global_counts(batch)
         micro = self._micro(batch)
-        with torch.no_grad():  # old (pre-update) and reference log-probs
-            old = [token_logprobs(self.model, mb)[0].cpu() for mb in micro]
+        with torch.no_grad():  # reference log-probs for the KL term
             ref = [token_logprobs(self.ref, mb)[0].cpu() for mb in micro] if self.ref is not None else None
         sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "abs_diff": 0.0, "max_abs_diff": 0.0, "tokens": 0.0,
                 "clip": 0.0, "dual_clip": 0.0}
         for i, mb in enumerate(micro):
             lp, ent = token_logprobs(self.model, mb, with_entropy=True)
             lp = lp.cpu() if lp.device.type != "cpu" else lp
+            # One optimizer step per batch: the pre-update policy is the current one, so its log-probs
+            # are this forward's, detached (the same numbers a separate no-grad pass would give).
+            old = lp.detach()
             mask = mb.loss_mask
-            pg, m = policy_loss(lp, old[i], mb.advantages, mask, lc.clip_eps_low, lc.clip_eps_high, lc.dual_clip_c,
+            pg, m = policy_loss(lp, old, mb.advantages, mask, lc.clip_eps_low, lc.clip_eps_high, lc.dual_clip_c,
                                 lc.loss_agg, tokens, rows)
             loss = pg
             if ref is not None:
@@ -121,7 +123,7 @@ class LearnerWorker:
                 sums["kl"] += float(kl)
             (loss * self.world).backward()  # FSDP averages gradients over ranks; our parts already sum
             n = float(mask.sum())
-            diff = (old[i] - mb.rollout_logprobs).abs() * mask
+            diff = (old - mb.rollout_logprobs).abs() * mask
             sums["pg_loss"] += float(pg)
             sums["entropy"] += float((ent.cpu() * mask).sum())
             sums["abs_diff"] += float(diff.sum())

@@ -45,19 +45,20 @@ class AgentLoop:
         self.records = EpisodeBuilder(cfg, tokenizer)
         self.slots = asyncio.Semaphore(self.rc.max_concurrent_episodes)
 
-    def sampling(self, max_tokens: int, seed: int):
+    def sampling(self, max_tokens: int, seed: int, temperature: float = -1.0):
         from vllm import SamplingParams
 
-        return SamplingParams(temperature=self.rc.temperature, top_p=self.rc.top_p, max_tokens=max_tokens,
+        temperature = self.rc.temperature if temperature < 0 else temperature
+        return SamplingParams(temperature=temperature, top_p=self.rc.top_p, max_tokens=max_tokens,
                               stop=list(self.rc.stop), include_stop_str_in_output=True, logprobs=0, seed=seed)
 
     # -- one episode ------------------------------------------------------------------------
 
-    async def episode(self, prompt: Prompt, sample: int, seed: int) -> tuple[Episode, dict]:
+    async def episode(self, prompt: Prompt, sample: int, seed: int, temperature: float = -1.0) -> tuple[Episode, dict]:
         async with self.slots:
-            return await self._episode(prompt, sample, seed)
+            return await self._episode(prompt, sample, seed, temperature)
 
-    async def _episode(self, prompt: Prompt, sample: int, seed: int) -> tuple[Episode, dict]:
+    async def _episode(self, prompt: Prompt, sample: int, seed: int, temperature: float) -> tuple[Episode, dict]:
         rb = self.records
         prompt_ids = rb.prompt_ids(prompt)
         full_ids = list(prompt_ids)
@@ -72,7 +73,7 @@ class AgentLoop:
             if len(ctx) >= self.rc.max_context_tokens or budget <= 0:
                 finish = "max_context"
                 break
-            out = await self.engine.generate(ctx, self.sampling(budget, _seed(seed, prompt.uid, sample, t)))
+            out = await self.engine.generate(ctx, self.sampling(budget, _seed(seed, prompt.uid, sample, t), temperature))
             stats["engine_s"] += out.engine_s
             stats["generated"] += len(out.token_ids)
             rec, parsed = rb.record(t, ctx, out.token_ids, out.logprobs, out.version, out.finish_reason, len(full_ids))
@@ -107,7 +108,7 @@ class AgentLoop:
 
     async def run(self, batch: PromptBatch) -> TrajectoryBatch:
         t0, version = time.perf_counter(), self.engine.version
-        jobs = [self.episode(p, s, batch.seed) for p in batch.prompts for s in range(batch.n)]
+        jobs = [self.episode(p, s, batch.seed, batch.temperature) for p in batch.prompts for s in range(batch.n)]
         results = await asyncio.gather(*jobs)
         groups = []
         for i, p in enumerate(batch.prompts):

@@ -12,20 +12,16 @@ replica that made them); the driver never decodes them.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
 import ray
 
+from services.common.calls import CallError, call_all
 from services.common.codec import encode
 from services.common.config import MempoConfig
 from services.common.messages import PromptBatch
 
-log = logging.getLogger("mempo.rollout")
-
-
-class RolloutError(RuntimeError):
-    """A rollout call kept failing after its retries."""
+RolloutError = CallError  # a rollout call kept failing after its retries
 
 
 class RolloutDriver:
@@ -38,27 +34,8 @@ class RolloutDriver:
         k = self.cfg.rollout.groups_per_call
         return [replace(batch, prompts=batch.prompts[i:i + k]) for i in range(0, len(batch.prompts), k)]
 
-    def _launch(self, payload: bytes) -> "ray.ObjectRef":
-        self.stats["calls"] += 1
-        return self.handle.rollout.remote(payload)._to_object_ref_sync()
-
     def rollout(self, batch: PromptBatch) -> list["ray.ObjectRef"]:
         """One TrajectoryBatch ref per call, in prompt order."""
         payloads = [encode(chunk) for chunk in self.split(batch)]
-        pending = {self._launch(p): (i, 0) for i, p in enumerate(payloads)}
-        results: list = [None] * len(payloads)
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            ref = ready[0]
-            i, attempt = pending.pop(ref)
-            try:
-                ray.get(ref)  # surfaces a failure; the bytes stay in the store for the consumer
-                results[i] = ref
-            except Exception as e:
-                if attempt >= self.cfg.rollout.call_retries:
-                    raise RolloutError(f"rollout call {i} failed {attempt + 1} times; last error: {e}") from e
-                self.stats["retries"] += 1
-                log.warning("rollout call %d failed (%s); retrying (%d/%d)", i, type(e).__name__, attempt + 1,
-                            self.cfg.rollout.call_retries)
-                pending[self._launch(payloads[i])] = (i, attempt + 1)
-        return results
+        return call_all(lambda p: self.handle.rollout.remote(p)._to_object_ref_sync(), payloads,
+                        self.cfg.rollout.call_retries, "rollout", self.stats)

@@ -65,10 +65,16 @@ class PolicyEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         dtype = str(model_dtype(self.cfg.model.dtype)).removeprefix("torch.")
+        extra = {}
+        if not torch.cuda.is_available():
+            # vLLM's CPU worker dies ("CPU Generator does not use offset") when a prompt of a seeded
+            # request is split by chunked prefill: it rewinds the request's generator, which CPU
+            # generators cannot do. Whole prompts per step avoid the split.
+            extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(e.max_model_len, 8192)}
         args = AsyncEngineArgs(model=str(self.model_dir), dtype=dtype, max_model_len=e.max_model_len,
                                gpu_memory_utilization=e.gpu_memory_utilization, enforce_eager=e.enforce_eager,
                                seed=e.seed, max_num_seqs=e.max_num_seqs, disable_log_stats=True,
-                               worker_extension_cls="services.rollout.vllm_ext.WeightSyncExtension")
+                               worker_extension_cls="services.rollout.vllm_ext.WeightSyncExtension", **extra)
         t0 = time.perf_counter()
         engine = AsyncLLM.from_engine_args(args)
         log.info("vLLM engine up on %s in %.1fs", self.model_dir, time.perf_counter() - t0)

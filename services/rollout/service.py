@@ -24,7 +24,7 @@ from typing import Optional
 from ray import serve
 
 from services.common.codec import decode, encode
-from services.common.config import MempoConfig
+from services.common.config import MempoConfig, replica_config
 from services.common.messages import PromptBatch, WeightUpdate
 
 log = logging.getLogger("mempo.rollout")
@@ -98,4 +98,4 @@ def deployment_options(cfg: MempoConfig) -> dict:
 
 
 def rollout_app(cfg: MempoConfig):
-    return RolloutService.options(**deployment_options(cfg)).bind(cfg.model_dump(mode="json"))
+    return RolloutService.options(**deployment_options(cfg)).bind(replica_config(cfg))

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ray import serve
 
 from services.common.codec import decode, encode
-from services.common.config import MempoConfig
+from services.common.config import MempoConfig, replica_config
 from services.common.http import HttpError as BadRequest
 from services.common.http import parse_model, read_json
 from services.common.messages import TrajectoryBatch, WeightUpdate
@@ -121,6 +121,19 @@ class ScorerService:
             self.version = update.version
         return {"version": update.version, "seconds": time.perf_counter() - t0, "replica": self.replica}
 
+    RUNTIME_FIELDS = ("tau", "filter_mode", "mean_eps", "token_budget", "max_request_tokens")
+
+    async def reconfigure(self, user_config: dict) -> None:
+        """Serve ``user_config``: change scorer.{tau, filter_mode, mean_eps, token_budget,
+        max_request_tokens} on the running replicas (no restart)."""
+        from services.common.config import updated_section
+
+        section = updated_section(self.cfg.scorer, user_config, self.RUNTIME_FIELDS)
+        async with self.lock:
+            self.cfg.scorer = section
+            self.scorer.cfg = section
+        log.info("scorer reconfigured: %s", user_config)
+
     def info(self) -> dict:
         return {"version": self.version, "model": self.model_dir, "replica": self.replica, **self.stats}
 
@@ -204,4 +217,4 @@ def deployment_options(cfg: MempoConfig) -> dict:
 
 
 def scorer_app(cfg: MempoConfig):
-    return ScorerService.options(**deployment_options(cfg)).bind(cfg.model_dump(mode="json"))
+    return ScorerService.options(**deployment_options(cfg)).bind(replica_config(cfg))

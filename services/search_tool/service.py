@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 from ray import serve
 
-from services.common.config import MempoConfig
+from services.common.config import MempoConfig, replica_config
 from services.common.http import HttpError as BadRequest
 from services.common.http import parse_model, read_json
 
@@ -64,6 +64,18 @@ class SearchService:
         self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
         self.stats = {"requests": 0, "queries": 0, "index_passes": 0, "max_batch": 0, "bad_requests": 0}
         log.info("search replica ready: %s over %d passages (%.1fs)", self.index.backend, len(self.index), self.load_s)
+
+    RUNTIME_FIELDS = ("topk", "max_topk", "max_queries", "max_body_bytes", "max_batch_size", "batch_wait_timeout_s")
+
+    def reconfigure(self, user_config: dict) -> None:
+        """Serve ``user_config``: change search.{topk, max_topk, max_queries, max_body_bytes, max_batch_size,
+        batch_wait_timeout_s} on the running replicas (no index reload)."""
+        from services.common.config import updated_section
+
+        self.cfg = updated_section(self.cfg, user_config, self.RUNTIME_FIELDS)
+        self._batched.set_max_batch_size(self.cfg.max_batch_size)
+        self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
+        log.info("search reconfigured: %s", user_config)
 
     # -- the search itself ------------------------------------------------------------------
 
@@ -155,4 +167,4 @@ def deployment_options(cfg: MempoConfig) -> dict:
 
 def search_app(cfg: MempoConfig):
     """The bound search application for ``serve.run``."""
-    return SearchService.options(**deployment_options(cfg)).bind(cfg.model_dump(mode="json"))
+    return SearchService.options(**deployment_options(cfg)).bind(replica_config(cfg))

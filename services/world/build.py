@@ -95,6 +95,13 @@ def corpus_path(cfg: MempoConfig) -> Path:
     return world_dir(cfg) / "corpus.jsonl" if cfg.search.corpus == "world" else Path(cfg.search.corpus)
 
 
+def data_path(cfg: MempoConfig, which: str) -> Path:
+    """train / test prompts and SFT trajectories: the world's files unless the config names others."""
+    value, name = {"train": (cfg.train.data, "train.parquet"), "test": (cfg.eval.data, "test.parquet"),
+                   "sft": (cfg.train.sft_data, "oracle.jsonl")}[which]
+    return world_dir(cfg) / name if value == "world" else Path(value)
+
+
 def _oracle_data(cfg: MempoConfig, train_rows: list[dict], index: BM25Index, progress: bool) -> list[dict]:
     rng = random.Random(cfg.world.seed + 3)
     agent = OracleAgent(lambda qs, k: [[d for d, _ in hits] for hits in index.search(qs, k)],

@@ -161,3 +161,16 @@ def test_loaded_weights_match_transformers_including_the_tied_head(rollout, sft_
         np.testing.assert_allclose(out["logprobs"], ref, atol=1e-4)
     finally:
         handle.update_weights.remote(encode(WeightUpdate(version=version + 2, tensors=original)), version + 2).result()
+
+
+def test_many_long_seeded_prompts_at_once_keep_the_engine_alive(rollout):
+    """Regression: on CPU, vLLM split long prompts of seeded requests by chunked prefill and then
+    died rewinding their generators ("CPU Generator does not use offset"). The engine now
+    schedules whole prompts; a burst far over one step's token budget must all complete."""
+    handle, cfg = rollout
+    rng = np.random.default_rng(0)
+    calls = [handle.generate.remote([int(t) for t in rng.integers(10, 1000, 1500)], max_tokens=4, temperature=1.0,
+                                    seed=i + 1) for i in range(12)]
+    outs = [c.result(timeout_s=600) for c in calls]
+    assert all(len(o["token_ids"]) == 4 for o in outs)
+    assert len(_greedy(handle, [1, 2, 3])["token_ids"]) == 16  # and it keeps serving

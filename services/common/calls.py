@@ -1,0 +1,52 @@
+"""Calls to a Serve deployment that survive a dying replica: launch all, keep each result once,
+relaunch what failed.
+
+    refs = call_all(lambda p: handle.rollout.remote(p)._to_object_ref_sync(), payloads,
+                    retries=2, what="rollout", stats=stats)
+
+``launch(payload)`` must return an ObjectRef owned by the caller (a Serve response turned into a
+ref with ``_to_object_ref_sync()``), so the result outlives the replica that produced it. Payloads
+may be bytes or ObjectRefs (a top-level ref reaches the replica resolved). Results come back in
+payload order; nothing is decoded here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import ray
+
+log = logging.getLogger("mempo.calls")
+
+
+class CallError(RuntimeError):
+    """A call kept failing after its retries."""
+
+
+def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retries: int, what: str,
+             stats: dict | None = None) -> list["ray.ObjectRef"]:
+    stats = stats if stats is not None else {}
+    stats.setdefault("calls", 0)
+    stats.setdefault("retries", 0)
+
+    def start(i: int) -> "ray.ObjectRef":
+        stats["calls"] += 1
+        return launch(payloads[i])
+
+    pending = {start(i): (i, 0) for i in range(len(payloads))}
+    results: list = [None] * len(payloads)
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        ref = ready[0]
+        i, attempt = pending.pop(ref)
+        try:
+            ray.get(ref)  # surfaces a failure; the bytes stay in the store for the consumer
+            results[i] = ref
+        except Exception as e:
+            if attempt >= retries:
+                raise CallError(f"{what} call {i} failed {attempt + 1} times; last error: {e}") from e
+            stats["retries"] += 1
+            log.warning("%s call %d failed (%s); retrying (%d/%d)", what, i, type(e).__name__, attempt + 1, retries)
+            pending[start(i)] = (i, attempt + 1)
+    return results

@@ -1,0 +1,196 @@
+"""Bring up the pipeline's Serve applications on a Ray cluster and hand back what drives them.
+
+    pipe = Pipeline.start(cfg)                       # search, rollout, scorer, learner
+    pipe = Pipeline.start(cfg, ("search", "scorer")) # only some (``mempo serve --apps``)
+    refs = pipe.rollout.rollout(prompt_batch)        # RolloutDriver (retries dead replicas)
+    score_refs = pipe.scorer.score(refs)             # ScorerDriver
+    stats = pipe.learner.step.remote(refs, score_refs).result()
+    pipe.shutdown()
+
+Each service is its own Serve application (named ``ray.app_prefix`` + service), so each scales and
+fails on its own: rollout replicas are ``rollout.replicas`` vLLM engines, the scorer has
+``scorer.replicas``, search may autoscale. HTTP: search at ``/`` (Search-R1's ``POST /retrieve``),
+the scorer at ``/scorer`` (``POST /scorer/score``); with a prefix p: ``/{p}search`` and ``/{p}scorer``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.config import MempoConfig
+
+log = logging.getLogger("mempo.pipeline")
+
+SERVICES = ("search", "rollout", "scorer", "learner")
+
+
+def app_name(cfg: MempoConfig, service: str) -> str:
+    return f"{cfg.ray.app_prefix}{service}"
+
+
+def route_prefix(cfg: MempoConfig, service: str) -> str | None:
+    p = cfg.ray.app_prefix
+    if service == "search":
+        return f"/{p}search" if p else "/"
+    if service == "scorer":
+        return f"/{p}scorer"
+    return None
+
+
+def wired(cfg: MempoConfig) -> MempoConfig:
+    """The config with the cross-service names following ``ray.app_prefix``."""
+    if not cfg.ray.app_prefix:
+        return cfg
+    cfg = cfg.model_copy(deep=True)
+    cfg.rollout.search_app = app_name(cfg, "search")
+    cfg.learner.publish_to = [f"{app_name(cfg, 'rollout')}:rollout", f"{app_name(cfg, 'scorer')}:scorer"]
+    return cfg
+
+
+def application(cfg: MempoConfig, service: str):
+    """The bound Serve application of one service."""
+    if service == "search":
+        from services.search_tool.service import search_app as build
+    elif service == "rollout":
+        from services.rollout.service import rollout_app as build
+    elif service == "scorer":
+        from services.scorer.service import scorer_app as build
+    elif service == "learner":
+        from services.learner.service import learner_app as build
+    else:
+        raise ValueError(f"unknown service {service!r}; choose from {', '.join(SERVICES)}")
+    return build(cfg)
+
+
+def connect(cfg: MempoConfig, with_serve: bool = True) -> None:
+    """Join ``ray.address`` (or start a local cluster) and, unless told not to, start Serve."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
+        if cfg.ray.address:
+            kwargs["address"] = cfg.ray.address
+        else:
+            kwargs.update(num_cpus=cfg.ray.num_cpus or None, object_store_memory=cfg.ray.object_store_memory,
+                          include_dashboard=False)
+        ray.init(**kwargs)
+    for name in ("ray", "ray.serve"):  # keep the console to mempo's own lines
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if with_serve:
+        serve.start(http_options={"host": cfg.ray.http_host, "port": cfg.ray.http_port})
+
+
+def resource_needs(cfg: MempoConfig, services) -> dict[str, float]:
+    """CPUs and GPUs the chosen services reserve (fixed replica counts; autoscaling at its minimum)."""
+    s, r, sc, lr = cfg.search, cfg.rollout, cfg.scorer, cfg.learner
+    gpu_learner = 1.0 if r.num_gpus or sc.num_gpus else 0.0
+    per = {"search": (s.num_cpus * (s.min_replicas if s.autoscaling else s.replicas), 0.0),
+           "rollout": (r.num_cpus * r.replicas, r.num_gpus * r.replicas),
+           "scorer": (sc.num_cpus * sc.replicas, sc.num_gpus * sc.replicas),
+           "learner": (lr.num_cpus_per_worker * lr.world_size, gpu_learner * lr.world_size)}
+    return {"CPU": sum(per[x][0] for x in services), "GPU": sum(per[x][1] for x in services)}
+
+
+def check_resources(cfg: MempoConfig, services) -> None:
+    """Fail fast, with the numbers, when a local cluster cannot place the services (Serve would
+    otherwise wait forever for a replica that never fits)."""
+    import ray
+
+    have = ray.cluster_resources()
+    need = resource_needs(cfg, services)
+    short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
+    if short:
+        detail = ", ".join(f"{k}: need {v:g}, cluster has {h:g}" for k, (v, h) in short.items())
+        raise ValueError(f"the services do not fit this Ray cluster ({detail}); lower search/rollout/scorer "
+                         f"num_cpus or replicas, learner.num_cpus_per_worker or world_size, or use a bigger cluster")
+
+
+@dataclass
+class Pipeline:
+    cfg: MempoConfig
+    apps: list[str]
+    search: Any = None  # DeploymentHandle
+    rollout: Any = None  # RolloutDriver
+    scorer: Any = None  # ScorerDriver
+    learner: Any = None  # DeploymentHandle
+
+    @classmethod
+    def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = SERVICES) -> "Pipeline":
+        from ray import serve
+
+        from services.rollout.driver import RolloutDriver
+        from services.scorer.driver import ScorerDriver
+
+        cfg = wired(cfg)
+        connect(cfg)
+        if not cfg.ray.address:  # a cluster with an autoscaler may grow; a local one will not
+            check_resources(cfg, services)
+        # search first (the agent calls it), then the policy copies, then the learner that feeds them
+        order = [s for s in SERVICES if s in services]
+        pipe = cls(cfg, [])
+        for service in order:
+            t0 = time.perf_counter()
+            name = app_name(cfg, service)
+            handle = serve.run(application(cfg, service), name=name, route_prefix=route_prefix(cfg, service))
+            pipe.apps.append(name)
+            log.info("%s is up (%.1fs)", name, time.perf_counter() - t0)
+            if service == "search":
+                pipe.search = handle
+            elif service == "rollout":
+                pipe.rollout = RolloutDriver(handle, cfg)
+            elif service == "scorer":
+                pipe.scorer = ScorerDriver(handle, cfg)
+            else:
+                pipe.learner = handle
+        return pipe
+
+    def publish_model(self, model_dir: str, version: int) -> dict:
+        """Load a Hugging Face policy directory into every rollout and scorer replica (for eval)."""
+        from services.learner.publish import ObjectStorePublisher
+
+        handles = [d.handle for d in (self.rollout, self.scorer) if d is not None]
+        return ObjectStorePublisher(handles).publish(load_hf_state(model_dir), version)
+
+    def shutdown(self) -> None:
+        from ray import serve
+
+        for name in reversed(self.apps):
+            serve.delete(name)
+        self.apps = []
+
+
+def scale(cfg: MempoConfig, service: str, replicas: int) -> None:
+    """Resize one service of a running pipeline. ``cfg`` is the config it was deployed with (a
+    training run writes it to ``<run_dir>/pipeline.yaml``); only the replica count changes, so Serve
+    adds or removes replicas and leaves the running ones alone. New rollout/scorer replicas start
+    from ``model.path`` and take the current policy at the learner's next publish (every step)."""
+    from ray import serve
+
+    if replicas < 1:
+        raise ValueError("replicas must be at least 1")
+    cfg = cfg.model_copy(deep=True)
+    section = {"rollout": cfg.rollout, "scorer": cfg.scorer, "search": cfg.search}[service]
+    section.replicas = replicas
+    if service == "search":
+        section.autoscaling = False
+    connect(cfg)
+    serve.run(application(cfg, service), name=app_name(cfg, service), route_prefix=route_prefix(cfg, service))
+
+
+def load_hf_state(model_dir: str) -> dict:
+    """The tensors of a Hugging Face model directory (one or several safetensors files)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights (expected a Hugging Face model directory)")
+    state: dict = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state

@@ -1,0 +1,78 @@
+"""A run's metrics: one JSONL row per event, TensorBoard scalars, and a short console line.
+
+    log = RunLog("runs/tiny", resume_step=12)    # rows of steps > 12 are dropped (a resumed run
+    log.write("train", 13, {"reward_mean": ...})  # re-logs them), TensorBoard under runs/tiny/tb
+    rows = read_rows("runs/tiny/metrics.jsonl", kind="eval")
+
+Row: {"kind": "train"|"eval"|"sft", "step": int, "time": unix seconds, <metric>: float, ...}.
+TensorBoard tags are ``<kind>/<metric>``. Console lines show a handful of headline metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+log = logging.getLogger("mempo.run")
+
+HEADLINE = {
+    "train": ("reward_mean", "scorer/r_mem_mean", "rollout/turns_mean", "rollout/peak_tokens_mean",
+              "rollout/tool_failures", "version_lag_max", "step_s"),
+    "eval": ("em", "f1", "turns", "r_mem"),
+    "sft": ("sft_loss", "grad_norm"),
+}
+
+
+def read_rows(path: str | Path, kind: str | None = None) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if kind is None or r.get("kind") == kind]
+
+
+def _scalar(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+class RunLog:
+    def __init__(self, run_dir: str | Path, resume_step: int = 0, tensorboard: bool = True):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
+            except ImportError:  # tensorboard is a dependency; a trimmed install still logs JSONL
+                log.warning("tensorboard is not installed; metrics go to %s only", self.path)
+
+    def write(self, kind: str, step: int, metrics: dict, console: bool = True) -> dict:
+        row = {"kind": kind, "step": int(step), "time": time.time()}
+        row.update({k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None})
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in row.items():
+                x = _scalar(v)
+                if x is not None and k not in ("step", "time"):
+                    self.tb.add_scalar(f"{kind}/{k}", x, step)
+            self.tb.flush()
+        if console:
+            keys = [k for k in HEADLINE.get(kind, ()) if _scalar(row.get(k)) is not None]
+            parts = [f"{k.split('/')[-1]}={row[k]:.3g}" for k in keys]
+            tqdm.write(f"[{kind} {step}] " + " ".join(parts))
+        return row
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()

@@ -1,0 +1,66 @@
+"""Application builders for ``serve deploy`` / ``serve run`` with deploy/serve_config.yaml.
+
+Each service is its own application, built from a mempo config file plus overrides:
+
+    applications:
+      - name: scorer
+        route_prefix: /scorer
+        import_path: services.pipeline.serve_apps:scorer
+        args: {config: deploy/configs/tiny.yaml, overrides: ["scorer.replicas=2"]}
+
+The Serve config file's own ``deployments:`` entries (num_replicas, autoscaling_config,
+ray_actor_options, user_config) override what the mempo config set. Relative paths (the config
+file, world.dir, train.run_dir, model.path, data and index paths) resolve against the project root,
+because replicas do not run in the directory ``serve deploy`` was called from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.common.config import MempoConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+_PATH_FIELDS = (("world", "dir"), ("train", "run_dir"), ("model", "path"), ("search", "corpus"),
+                ("search", "index_dir"), ("search", "embedding_model"), ("train", "data"), ("train", "sft_data"),
+                ("eval", "data"))
+
+
+def _absolute(value: str) -> str:
+    if value in ("", "world") or Path(value).is_absolute():
+        return value
+    return str(ROOT / value)
+
+
+def config_from_args(args: dict | None) -> MempoConfig:
+    args = dict(args or {})
+    unknown = set(args) - {"config", "overrides"}
+    if unknown:
+        raise ValueError(f"unknown application args {sorted(unknown)}; use 'config' and 'overrides'")
+    cfg = load_config(_absolute(args.get("config", "deploy/configs/tiny.yaml")), list(args.get("overrides", [])))
+    for section, name in _PATH_FIELDS:
+        sec = getattr(cfg, section)
+        setattr(sec, name, _absolute(getattr(sec, name)))
+    return cfg
+
+
+def _build(service: str, args: dict | None):
+    from services.pipeline.apps import application, wired
+
+    return application(wired(config_from_args(args)), service)
+
+
+def search(args: dict | None = None):
+    return _build("search", args)
+
+
+def rollout(args: dict | None = None):
+    return _build("rollout", args)
+
+
+def scorer(args: dict | None = None):
+    return _build("scorer", args)
+
+
+def learner(args: dict | None = None):
+    return _build("learner", args)

@@ -1,0 +1,128 @@
+"""The SFT cold start: teach the policy the MemPO turn grammar from finished trajectories.
+
+    mempo sft deploy/configs/tiny.yaml            # -> <train.run_dir>/sft/model (Hugging Face dir)
+
+Trajectories are JSONL rows with ``messages`` ([system, user, assistant, user(observation), ...])
+and ``em``; the embedded world's oracle writes them (``world.oracle_trajectories``). Rows below
+``train.sft_min_em`` are dropped (rejection sampling). Every assistant turn becomes one sample
+under the context the agent would see at that turn (``rollout.memory_window``: MemPO's
+system + question + previous turn, or the full history for the Search-R1-like baseline), built by
+the rollout's own EpisodeBuilder, so SFT and RL train on identically shaped contexts. Loss is
+cross-entropy on the assistant tokens only, on the same FSDP learner group RL uses
+(``learner.world_size`` ranks, lr ``learner.sft_lr``), ``train.sft_epochs`` passes in batches of
+``train.sft_batch_size`` turns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+
+from services.common.config import MempoConfig
+from services.common.messages import ChatMessage, Prompt, TrainingBatch
+
+log = logging.getLogger("mempo.sft")
+
+
+def sft_dir(cfg: MempoConfig) -> Path:
+    return Path(cfg.train.run_dir) / "sft" / "model"
+
+
+def load_transcripts(path: Path, min_em: float) -> list[list[dict]]:
+    rows, kept = 0, []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            rows += 1
+            row = json.loads(line)
+            msgs = row.get("messages") if isinstance(row, dict) else None
+            if not isinstance(msgs, list) or len(msgs) < 3 or msgs[0].get("role") != "system":
+                raise ValueError(f"{path} line {n}: needs 'messages' = [system, user, assistant, ...]")
+            if float(row.get("em", 1.0)) >= min_em:
+                kept.append(msgs)
+    log.info("SFT data: %d of %d trajectories pass em >= %.2f", len(kept), rows, min_em)
+    return kept
+
+
+def turn_samples(cfg: MempoConfig, tokenizer, transcripts: list[list[dict]]) -> list[tuple[np.ndarray, int]]:
+    """(context + response ids, context length) for every assistant turn, in memory-mode contexts."""
+    from services.rollout.records import EpisodeBuilder, episode_from_transcript
+
+    builder = EpisodeBuilder(cfg, tokenizer)
+    out = []
+    for i, msgs in enumerate(transcripts):
+        prompt = Prompt(uid=f"sft-{i}", messages=[ChatMessage(m["role"], m["content"]) for m in msgs[:2]], golds=[[""]])
+        ep = episode_from_transcript(builder, prompt, msgs)
+        for t in ep.turns:
+            if len(t.context_ids) + len(t.response_ids) <= cfg.engine.max_model_len:
+                out.append((np.concatenate([t.context_ids, t.response_ids]).astype(np.int32), len(t.context_ids)))
+    return out
+
+
+def sft_batch(samples: list[tuple[np.ndarray, int]], step: int) -> TrainingBatch:
+    ids = np.concatenate([s for s, _ in samples]).astype(np.int32)
+    lengths = [len(s) for s, _ in samples]
+    loss = np.concatenate([np.arange(len(s)) >= c for s, c in samples])
+    zeros = np.zeros(len(ids), np.float32)
+    return TrainingBatch(input_ids=ids, cu_seqlens=np.r_[0, np.cumsum(lengths)].astype(np.int64), loss_mask=loss,
+                         advantages=zeros, rollout_logprobs=zeros.copy(), mem_mask=np.zeros(len(ids), bool),
+                         group_ids=np.arange(len(samples), dtype=np.int32), policy_version=0, step=step)
+
+
+def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
+    """Train and export; returns the Hugging Face directory of the cold-start policy."""
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from services.learner.group import LearnerGroup
+    from services.pipeline.apps import connect
+    from services.pipeline.runlog import RunLog
+    from services.world.build import build_world, data_path, model_path
+
+    if cfg.model.path == "world" or cfg.train.sft_data == "world":
+        build_world(cfg, progress=False)
+    cfg = cfg.model_copy(deep=True)
+    cfg.learner.kl_coef = 0.0  # no reference model in SFT
+    source = str(model_path(cfg))
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    samples = turn_samples(cfg, tokenizer, load_transcripts(data_path(cfg, "sft"), cfg.train.sft_min_em))
+    if not samples:
+        raise ValueError("no SFT samples: check train.sft_data and train.sft_min_em")
+    per_step = cfg.train.sft_batch_size
+    steps = cfg.train.sft_epochs * max(1, len(samples) // per_step)
+    log_fn(f"SFT: {len(samples)} turns, {steps} steps of {per_step} on {cfg.learner.world_size} rank(s), "
+           f"lr {cfg.learner.sft_lr}")
+    connect(cfg, with_serve=False)
+    if not cfg.ray.address:  # a local cluster runs nothing else now: give the ranks all its cores
+        import ray
+
+        cfg.learner.num_cpus_per_worker = max(1.0, ray.cluster_resources().get("CPU", 1.0) // cfg.learner.world_size)
+    group = LearnerGroup(cfg, source)
+    runlog = RunLog(Path(cfg.train.run_dir) / "sft", resume_step=0)
+    try:
+        group.set_lr(cfg.learner.sft_lr)
+        rng = random.Random(cfg.train.seed)
+        order: list[int] = []
+        t0 = time.perf_counter()
+        for step in tqdm(range(1, steps + 1), desc="sft", unit="step", dynamic_ncols=True):
+            if len(order) < per_step:
+                fresh = list(range(len(samples)))
+                rng.shuffle(fresh)
+                order += fresh
+            chosen, order = order[:per_step], order[per_step:]
+            metrics = group.sft_step(sft_batch([samples[i] for i in chosen], step))
+            runlog.write("sft", step, metrics, console=step % max(1, steps // 10) == 0 or step == steps)
+        out = sft_dir(cfg)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        group.export_hf(str(out), source)
+        log_fn(f"SFT done in {time.perf_counter() - t0:.0f}s; policy in {out}")
+        return out
+    finally:
+        runlog.close()
+        group.shutdown()

@@ -1,0 +1,103 @@
+"""The MemPO training loop. Read it top to bottom; every stage is a Serve deployment.
+
+    mempo train deploy/configs/tiny.yaml [key=value ...]
+
+One step: prompts -> rollout (ObjectRefs to trajectory batches) -> scorer (refs to memory scores)
+-> learner (advantages, PPO/GRPO update, checkpoint, publish the new weights to the rollout and
+scorer replicas) -> log. The driver forwards refs and never decodes a trajectory batch. Every
+``train.eval_every`` steps the current policy is evaluated on held-out prompts.
+
+Baselines run on the same loop: ``algorithm.use_memory_reward=false`` (memory context without the
+memory reward, MEM1-like) and ``rollout.memory_window=full`` (full history, Search-R1-like).
+Running again on the same ``train.run_dir`` resumes from its latest complete checkpoint; Ctrl-C
+writes a checkpoint before it exits.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from services.common.config import MempoConfig, to_yaml
+from services.common.data import PromptStream, load_prompts
+from services.common.messages import PromptBatch
+from services.pipeline.apps import Pipeline
+from services.pipeline.evaluate import eval_prompts, evaluate, flatten
+from services.pipeline.runlog import RunLog
+from services.pipeline.sft import sft_dir
+from services.world.build import build_world, data_path
+
+
+def starting_policy(cfg: MempoConfig) -> MempoConfig:
+    """RL starts from the SFT cold start (``train.init_from_sft``), else from ``model.path``."""
+    if not cfg.train.init_from_sft:
+        return cfg
+    sft = sft_dir(cfg)
+    if not (sft / "config.json").is_file():
+        raise FileNotFoundError(f"no SFT policy at {sft}: run `mempo sft` with this config first, "
+                                f"or set train.init_from_sft=false to start from model.path")
+    cfg = cfg.model_copy(deep=True)
+    cfg.model.path = str(sft)
+    return cfg
+
+
+def stage_times(t: list[float], stats: dict) -> dict:
+    """Wall time of each stage in this step, and how long each stage sat idle meanwhile."""
+    step_s = t[-1] - t[0]
+    busy = {"rollout": t[1] - t[0], "scoring": t[2] - t[1],
+            "learner": t[3] - t[2] - stats["publish_s"], "weight_sync": stats["publish_s"]}
+    out = {f"time/{k}_s": v for k, v in busy.items()}
+    out.update({f"idle/{k}_s": step_s - v for k, v in busy.items()})
+    out["step_s"] = step_s
+    return out
+
+
+def train(cfg: MempoConfig) -> dict:
+    if "world" in (cfg.model.path, cfg.search.corpus, cfg.train.data, cfg.eval.data):
+        build_world(cfg, progress=False)
+    cfg = starting_policy(cfg)
+    run_dir = Path(cfg.train.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pipe = Pipeline.start(cfg)  # search, rollout, scorer, learner: each its own Serve application
+    (run_dir / "pipeline.yaml").write_text(to_yaml(pipe.cfg))  # what is deployed (`mempo scale` reads it)
+    prompts = PromptStream(load_prompts(data_path(cfg, "train")), cfg.train.prompts_per_step, cfg.train.seed)
+    held_out = eval_prompts(cfg, cfg.eval.during_training_per_k)
+    step = pipe.learner.info.remote().result()["step"]  # > 0 when the learner resumed a checkpoint
+    if step:
+        pipe.learner.publish.remote().result()  # the resumed weights reach every rollout/scorer replica
+    log = RunLog(run_dir, resume_step=step)
+    if step == 0:
+        log.write("eval", 0, flatten(evaluate(cfg, pipe, held_out, step=0)))  # the starting policy
+    bar = tqdm(total=cfg.train.steps, initial=step, desc="mempo train", unit="step", dynamic_ncols=True)
+    try:
+        while step < cfg.train.steps:
+            t = [time.perf_counter()]
+            batch = PromptBatch(prompts.at(step), n=cfg.rollout.n, policy_version=step, step=step,
+                                seed=cfg.train.seed)
+            traj_refs = pipe.rollout.rollout(batch)  # ObjectRefs; the bytes go replica -> store -> learner
+            t.append(time.perf_counter())
+            score_refs = pipe.scorer.score(traj_refs) if cfg.algorithm.use_memory_reward else []
+            t.append(time.perf_counter())
+            stats = pipe.learner.step.remote(traj_refs, score_refs).result()  # update, checkpoint, publish
+            t.append(time.perf_counter())
+            step = stats["step"]
+            stats.update(stage_times(t, stats), rollout_retries=pipe.rollout.stats["retries"],
+                         scorer_retries=pipe.scorer.stats["retries"])
+            log.write("train", step, stats)
+            bar.update(1)
+            if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
+                log.write("eval", step, flatten(evaluate(cfg, pipe, held_out, step=step)))
+    except KeyboardInterrupt:
+        bar.close()
+        path = pipe.learner.save.remote().result()
+        print(f"\ninterrupted at step {step}: checkpoint in {path}; run the same command to resume", flush=True)
+        log.close()
+        raise
+    bar.close()
+    pipe.learner.save.remote().result()
+    policy = pipe.learner.export.remote(str(run_dir / "policy")).result()
+    log.close()
+    print(f"trained {step} steps; final policy in {policy}, metrics in {log.path}", flush=True)
+    return {"step": step, "policy": policy, "metrics": str(log.path), "pipeline": pipe}

@@ -1,0 +1,27 @@
+"""Driver side of scoring: one scorer call per rollout result, retried if its replica dies.
+
+    scorer = ScorerDriver(serve.get_deployment_handle("scorer", "scorer"), cfg)
+    score_refs = scorer.score(traj_refs)     # one MemoryScoreBatch ref per TrajectoryBatch ref
+
+Each TrajectoryBatch ref is passed as the call's top-level argument, so the replica reads the
+bytes straight from the object store; the driver never decodes them. Results are refs the driver
+owns, in the order of ``traj_refs``; Serve spreads the calls over the scorer replicas.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from services.common.calls import call_all
+from services.common.config import MempoConfig
+
+
+class ScorerDriver:
+    def __init__(self, handle, cfg: MempoConfig, retries: int | None = None):
+        self.handle = handle
+        self.retries = cfg.rollout.call_retries if retries is None else retries
+        self.stats = {"calls": 0, "retries": 0}
+
+    def score(self, traj_refs: list["ray.ObjectRef"]) -> list["ray.ObjectRef"]:
+        return call_all(lambda ref: self.handle.score.remote(ref)._to_object_ref_sync(), list(traj_refs),
+                        self.retries, "score", self.stats)

@@ -1,0 +1,123 @@
+"""The pipeline's pieces without a cluster: prompt order, metrics log, report, SFT samples, wiring."""
+
+import json
+
+import numpy as np
+import pytest
+
+from services.common.config import ConfigError, load_config
+from services.common.data import PromptStream, load_prompts
+from services.pipeline.apps import app_name, resource_needs, route_prefix, wired
+from services.pipeline.report import markdown_table, write_report
+from services.pipeline.runlog import RunLog, read_rows
+from services.pipeline.serve_apps import ROOT, config_from_args
+from services.pipeline.sft import load_transcripts, sft_batch, turn_samples
+from services.pipeline.train import stage_times
+
+TINY = "deploy/configs/tiny.yaml"
+
+
+def test_prompt_stream_is_a_pure_function_of_the_step(world):
+    prompts = load_prompts(world / "train.parquet", limit=10)
+    a, b = PromptStream(prompts, 4, seed=1), PromptStream(prompts, 4, seed=1)
+    seen = [p.uid for s in range(5) for p in a.at(s)]
+    assert [p.uid for p in b.at(3)] == seen[12:16]  # a resumed stream continues identically
+    assert sorted(seen[:10]) == sorted(p.uid for p in prompts)  # an epoch visits every prompt once
+    assert [p.uid for p in PromptStream(prompts, 4, seed=2).at(0)] != seen[:4]
+    with pytest.raises(ValueError):
+        PromptStream([], 4)
+
+
+def test_runlog_resumes_without_duplicates_and_writes_tensorboard(tmp_path):
+    log = RunLog(tmp_path, resume_step=0)
+    for step in (1, 2, 3):
+        log.write("train", step, {"reward_mean": step / 10, "note": "x", "bad": [1]}, console=False)
+    log.close()
+    log = RunLog(tmp_path, resume_step=2)  # steps after the checkpoint are re-run, so their rows go
+    log.write("train", 3, {"reward_mean": 0.9}, console=False)
+    log.close()
+    rows = read_rows(tmp_path / "metrics.jsonl", "train")
+    assert [(r["step"], r["reward_mean"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 0.9)]
+    assert "bad" not in rows[0] and rows[0]["note"] == "x"
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_stage_times_add_up():
+    out = stage_times([0.0, 5.0, 6.0, 10.0], {"publish_s": 1.0})
+    assert out["time/rollout_s"] == 5.0 and out["time/scoring_s"] == 1.0
+    assert out["time/learner_s"] == 3.0 and out["time/weight_sync_s"] == 1.0 and out["step_s"] == 10.0
+    assert out["idle/rollout_s"] == 5.0 and out["idle/weight_sync_s"] == 9.0
+
+
+def test_report_table_and_curves(tmp_path):
+    log = RunLog(tmp_path, tensorboard=False)
+    for step in range(1, 4):
+        log.write("train", step, {"reward_mean": 0.1 * step, "scorer/r_mem_mean": 0.01, "scorer/p_mem_mean": 0.5,
+                                  "scorer/p_full_mean": 0.4, "rollout/peak_tokens_mean": 300, "rollout/turns_mean": 3},
+                  console=False)
+        log.write("eval", step, {"em": 0.2, "k1/em": 0.3}, console=False)
+    row = {"em": 0.5, "f1": 0.6, "turns": 3.0, "tt": 900.0, "pt": 400.0, "r_mem": float("nan"), "p_mem": 0.5,
+           "p_full": 0.4, "episodes": 10.0}
+    paths = write_report(tmp_path, {"sft": {1: row}, "rl": {1: dict(row, em=0.7)}})
+    text = paths["report"].read_text()
+    assert "| sft | 1 | 0.500 |" in text and "| rl | 1 | 0.700 |" in text and "n/a" in text
+    assert paths["curves"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(paths["eval"].read_text())["rl"]["1"]["em"] == 0.7
+    assert markdown_table({}).count("\n") == 1
+
+
+def test_sft_samples_train_only_on_assistant_tokens_in_memory_contexts(tiny_cfg, world):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(world / "model"))
+    transcripts = load_transcripts(world / "oracle.jsonl", min_em=1.0)
+    all_rows = [json.loads(line) for line in (world / "oracle.jsonl").read_text().splitlines()]
+    assert len(transcripts) == sum(r["em"] >= 1.0 for r in all_rows) < len(all_rows)
+    samples = turn_samples(tiny_cfg, tok, transcripts[:3])
+    assert len(samples) == sum((len(t) - 1) // 2 for t in transcripts[:3])
+    first_ids, first_ctx = samples[0]
+    assert tok.decode(first_ids[first_ctx:]) == transcripts[0][2]["content"]  # the response is the assistant turn
+    # turn 3 sees system + question + turn 2 only (memory mode): turn 1's text is not in its context
+    msgs = next(m for m in transcripts if len(m) >= 7)
+    ids, ctx = turn_samples(tiny_cfg, tok, [msgs])[2]
+    context = tok.decode(ids[:ctx])
+    assert msgs[1]["content"] in context and msgs[4]["content"] in context
+    assert msgs[2]["content"] not in context
+    batch = sft_batch(samples, step=1)
+    cu = batch.cu_seqlens
+    for i, (ids, ctx) in enumerate(samples):
+        mask = batch.loss_mask[cu[i]:cu[i + 1]]
+        assert not mask[:ctx].any() and mask[ctx:].all()
+    assert not batch.advantages.any()
+
+
+def test_app_prefix_rewires_names_and_routes():
+    cfg = load_config(TINY, ["ray.app_prefix=t1-"])
+    w = wired(cfg)
+    assert app_name(w, "rollout") == "t1-rollout" and w.rollout.search_app == "t1-search"
+    assert w.learner.publish_to == ["t1-rollout:rollout", "t1-scorer:scorer"]
+    assert route_prefix(w, "search") == "/t1-search" and route_prefix(w, "rollout") is None
+    plain = load_config(TINY)
+    assert wired(plain) is plain and route_prefix(plain, "search") == "/" and route_prefix(plain, "scorer") == "/scorer"
+
+
+def test_tiny_config_fits_two_cores():
+    cfg = load_config(TINY)
+    assert resource_needs(cfg, ("search", "rollout", "scorer", "learner"))["CPU"] <= 2.0
+
+
+def test_serve_app_args_resolve_paths_against_the_project_root():
+    cfg = config_from_args({"config": TINY, "overrides": ["rollout.n=3"]})
+    assert cfg.rollout.n == 3 and cfg.world.dir == str(ROOT / ".cache/world") and cfg.model.path == "world"
+    with pytest.raises(ValueError):
+        config_from_args({"cfg": TINY})
+    with pytest.raises(ConfigError):
+        config_from_args({"config": TINY, "overrides": ["rollout.m=3"]})
+
+
+def test_replica_counts_are_not_replica_arguments():
+    from services.common.config import replica_config
+
+    a, b = load_config(TINY), load_config(TINY, ["rollout.replicas=3", "scorer.replicas=2"])
+    assert replica_config(a) == replica_config(b)
+    assert np.isclose(resource_needs(b, ("rollout",))["CPU"], 3 * b.rollout.num_cpus)

@@ -1,0 +1,112 @@
+"""`serve deploy deploy/serve_config.yaml` against a separate `ray start --head` brings up all four
+services; the scorer's REST endpoint and Search-R1's /retrieve answer on it.
+
+The head runs in its own temp dir and ports (beside the session's cluster) and is torn down by
+killing exactly its processes. The config deployed is deploy/serve_config.yaml with only the HTTP
+port and the run directory changed.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
+
+
+def _ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _kill_cluster(temp_dir: str, head: subprocess.Popen) -> None:
+    try:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=30)
+    except Exception:
+        pass
+    out = subprocess.run(["pgrep", "-f", temp_dir], capture_output=True, text=True).stdout.split()
+    for pid in out:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+@pytest.fixture(scope="module")
+def head(world, grammar_model, tmp_path_factory):
+    gcs, dash, agent, agent_grpc, metrics, env_agent, client, http = _ports(8)
+    temp_dir = tempfile.mkdtemp(prefix="mdt", dir="/tmp")
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2", "--include-dashboard=true",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
+         f"--dashboard-agent-grpc-port={agent_grpc}", f"--metrics-export-port={metrics}",
+         f"--runtime-env-agent-port={env_agent}", f"--ray-client-server-port={client}", f"--temp-dir={temp_dir}"],
+        cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address = f"http://127.0.0.1:{dash}"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{address}/api/version", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        else:
+            pytest.fail("ray start --head did not bring up its dashboard")
+        config = yaml.safe_load((ROOT / "deploy" / "serve_config.yaml").read_text())
+        config["http_options"] = {"host": "127.0.0.1", "port": http}
+        run_dir = tmp_path_factory.mktemp("served") / "run"
+        for app in config["applications"]:
+            app["args"]["overrides"] = list(app["args"].get("overrides", [])) + [f"train.run_dir={run_dir}"]
+        path = tmp_path_factory.mktemp("cfg") / "serve_config.yaml"
+        path.write_text(yaml.safe_dump(config))
+        yield {"env": env, "address": address, "config": path, "http": f"http://127.0.0.1:{http}"}
+    finally:
+        _kill_cluster(temp_dir, proc)
+
+
+def test_serve_deploy_brings_up_every_service_and_rest_answers(head, world):
+    env, address = head["env"], head["address"]
+    deploy = subprocess.run([str(BIN / "serve"), "deploy", str(head["config"]), "-a", address], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert deploy.returncode == 0, deploy.stderr
+    deadline, status = time.time() + 420, {}
+    while time.time() < deadline:
+        out = subprocess.run([str(BIN / "serve"), "status", "-a", address], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=60).stdout
+        status = {name: app["status"] for name, app in (yaml.safe_load(out) or {}).get("applications", {}).items()}
+        if status and all(s == "RUNNING" for s in status.values()) or any(s == "DEPLOY_FAILED" for s in status.values()):
+            break
+        time.sleep(3)
+    assert status == {"search": "RUNNING", "scorer": "RUNNING", "rollout": "RUNNING", "learner": "RUNNING"}, out
+
+    base = head["http"]
+    r = httpx.post(f"{base}/retrieve", json={"queries": ["university located in"], "topk": 2}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["result"][0]) == 2
+    r = httpx.post(f"{base}/scorer/score", timeout=60, json={
+        "question": "Where was Ada Vell born?", "memory": "Ada Vell was born in Kestrel.", "history": [],
+        "answer": "Kestrel"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert 0.0 <= body["p_mem"] <= 1.0 and 0.0 <= body["p_full"] <= 1.0
+    assert abs(body["r_mem"] - (body["p_mem"] - body["p_full"])) < 1e-6
+    assert httpx.get(f"{base}/scorer/health", timeout=10).json()["status"] == "ok"
+    # a malformed request is refused with the field named; the replica keeps serving
+    assert httpx.post(f"{base}/scorer/score", json={"question": "q"}, timeout=30).status_code == 422
