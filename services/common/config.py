@@ -344,16 +344,17 @@ def updated_section(section: BaseModel, changes: dict, allowed: tuple[str, ...])
         raise ConfigError(_format_errors(e)) from None
 
 
-# Replica counts are Serve deployment options, not replica constructor arguments: leaving them out of
-# the config a replica is built with makes "more rollout replicas" a lightweight Serve update (the
-# running replicas stay) instead of a redeploy.
-_SCALING_FIELDS = {"rollout": {"replicas"}, "scorer": {"replicas"},
-                   "search": {"replicas", "autoscaling", "min_replicas", "max_replicas", "target_ongoing_requests"}}
+# Replica counts are Serve deployment options, and the loop's length and eval cadence only concern
+# the driver: leaving them out of the config replicas are built with makes "more rollout replicas"
+# or "train for longer" a lightweight Serve update (running replicas stay) instead of a redeploy.
+_DRIVER_ONLY_FIELDS = {"rollout": {"replicas"}, "scorer": {"replicas"},
+                       "search": {"replicas", "autoscaling", "min_replicas", "max_replicas", "target_ongoing_requests"},
+                       "train": {"steps", "eval_every"}, "eval": True}
 
 
 def replica_config(cfg: MempoConfig) -> dict:
-    """The config dict a deployment's replicas are constructed with (replica counts left out)."""
-    return cfg.model_dump(mode="json", exclude=_SCALING_FIELDS)
+    """The config dict a deployment's replicas are constructed with (driver-only fields left out)."""
+    return cfg.model_dump(mode="json", exclude=_DRIVER_ONLY_FIELDS)
 
 
 def to_yaml(cfg: MempoConfig) -> str:

@@ -27,7 +27,7 @@ import ray
 from ray import serve
 
 from services.common.codec import decode
-from services.common.config import MempoConfig
+from services.common.config import MempoConfig, replica_config
 from services.common.messages import MemoryScoreBatch, TrainingBatch, TrajectoryBatch
 
 log = logging.getLogger("mempo.learner")
@@ -88,6 +88,7 @@ class LearnerService:
         handles = [serve.get_deployment_handle(name.split(":")[-1], app_name=name.split(":")[0])
                    for name in self.cfg.learner.publish_to]
         self.publisher = ObjectStorePublisher(handles)
+        self.busy = asyncio.Lock()
         log.info("learner ready: W=%d, step %d%s", self.group.world, self.step_no, " (resumed)" if resumed else "")
 
     def _step(self, traj_refs: list, score_refs: list) -> dict:
@@ -124,25 +125,29 @@ class LearnerService:
         return metrics
 
     async def step(self, traj_refs: list, score_refs: list | None = None) -> dict:
-        return await asyncio.to_thread(self._step, list(traj_refs), list(score_refs or []))
+        async with self.busy:  # one update at a time; save/publish/export wait for it to finish
+            return await asyncio.to_thread(self._step, list(traj_refs), list(score_refs or []))
 
     async def save(self) -> str:
         """A checkpoint of the current step (kept as is if this step already has a complete one)."""
         from services.learner.checkpoint import MARKER, step_dir
 
-        path = step_dir(self.cfg.train.run_dir, self.step_no)
-        if (path / MARKER).is_file():
-            return str(path)
-        return await asyncio.to_thread(self.group.save_checkpoint, self.cfg.train.run_dir, self.step_no,
-                                       {"version": self.version})
+        async with self.busy:
+            path = step_dir(self.cfg.train.run_dir, self.step_no)
+            if (path / MARKER).is_file():
+                return str(path)
+            return await asyncio.to_thread(self.group.save_checkpoint, self.cfg.train.run_dir, self.step_no,
+                                           {"version": self.version})
 
     async def publish(self) -> dict:
         if not self.publisher.handles:
             return {}
-        return await asyncio.to_thread(lambda: self.publisher.publish(self.group.full_state_dict(), self.version))
+        async with self.busy:
+            return await asyncio.to_thread(lambda: self.publisher.publish(self.group.full_state_dict(), self.version))
 
     async def export(self, out_dir: str) -> str:
-        return await asyncio.to_thread(self.group.export_hf, out_dir, self.model_dir)
+        async with self.busy:
+            return await asyncio.to_thread(self.group.export_hf, out_dir, self.model_dir)
 
     def info(self) -> dict:
         return {"version": self.version, "step": self.step_no, "world_size": self.group.world, "model": self.model_dir}
@@ -158,4 +163,4 @@ class LearnerService:
 
 def learner_app(cfg: MempoConfig):
     return LearnerService.options(num_replicas=1, ray_actor_options={"num_cpus": 0},
-                                  max_ongoing_requests=4).bind(cfg.model_dump(mode="json"))
+                                  max_ongoing_requests=4).bind(replica_config(cfg))

@@ -1,8 +1,9 @@
 """End to end: `mempo train`'s loop on a real Ray cluster with every service deployed.
 
-Two RL steps with the tiny model, a W=2 FSDP learner and 2 rollout replicas; then the run resumes
+Two RL steps with the tiny model, a W=2 FSDP learner and 2 rollout replicas; then the run continues
 for a third step during which a rollout replica is killed, and the step still trains on the full
-batch. The pipeline runs under its own application names (ray.app_prefix) beside the session's.
+batch; then a Ctrl-C during the fifth step leaves a checkpoint of step 4. The pipeline runs under
+its own application names (ray.app_prefix) beside the session's.
 """
 
 import json
@@ -33,7 +34,7 @@ def run(serve_http, grammar_model, world, tmp_path_factory):
         f"rollout.n={N}", "rollout.replicas=2", "rollout.num_cpus=0.2", "rollout.max_turns=3",
         "rollout.max_response_tokens=64", "rollout.groups_per_call=1", "rollout.call_retries=3",
         "search.num_cpus=0.05", "scorer.num_cpus=0.1", "learner.world_size=2", "learner.num_cpus_per_worker=0.1",
-        "learner.kl_coef=0", "learner.checkpoint_every=1", "eval.during_training_per_k=2", "eval.objectives=[1, 2]"])
+        "learner.kl_coef=0", "learner.checkpoint_every=100", "eval.during_training_per_k=2", "eval.objectives=[1, 2]"])
     out = train(cfg)
     yield cfg, out, run_dir
     out["pipeline"].shutdown()
@@ -84,7 +85,7 @@ def test_resume_and_a_rollout_replica_killed_mid_step_still_trains_on_the_full_b
     killed = {}
 
     def kill_when_rollout_runs():
-        # step 3 starts after the redeploy (a no-op: same config) and the resume; wait for calls in flight
+        # step 3 starts after the redeploy (a no-op: only driver fields changed); wait for calls in flight
         deadline = time.time() + 300
         while time.time() < deadline and not killed:
             rows = read_rows(run_dir / "metrics.jsonl", "train")
@@ -113,3 +114,34 @@ def test_resume_and_a_rollout_replica_killed_mid_step_still_trains_on_the_full_b
         time.sleep(1)
     assert len(_replica_actors(app)) == 2
     serve.status()  # the controller still answers
+
+
+def test_ctrl_c_writes_a_checkpoint_and_a_rerun_resumes(run):
+    import _thread
+
+    cfg, out, run_dir = run
+    cfg5 = cfg.model_copy(deep=True)
+    cfg5.train.steps = 5
+    assert not (run_dir / "checkpoints" / "step_00000004").exists()  # checkpoint_every is 100
+
+    def interrupt_during_step_5():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            rows = read_rows(run_dir / "metrics.jsonl", "train")
+            if rows and rows[-1]["step"] == 4:
+                time.sleep(1.0)
+                _thread.interrupt_main()  # what Ctrl-C does to the driver
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=interrupt_during_step_5, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg5)
+    # the interrupt lands in step 5's rollout (or, if slow, its learner update, which the save waits for)
+    from services.learner.checkpoint import latest_complete
+
+    latest = latest_complete(run_dir)
+    trainer = json.loads((latest / "trainer.json").read_text())
+    assert latest.name in ("step_00000004", "step_00000005")
+    assert trainer["step"] == int(latest.name.split("_")[1]) == trainer["extra"]["version"]
+    assert [r["step"] for r in read_rows(run_dir / "metrics.jsonl", "train")][:4] == [1, 2, 3, 4]
