@@ -39,11 +39,30 @@ class ObjectStorePublisher:
         payload = encode(WeightUpdate(version=version, tensors=tensors))
         ref = ray.put(payload)
         t_put = time.perf_counter() - t0
-        replies = []
+        replies, gone = [], 0
         for h in self.handles:
-            replies += h.broadcast("update_weights", ref, version).results()
+            live, dead = broadcast(h, "update_weights", ref, version)
+            replies += live
+            gone += dead
         bad = [r for r in replies if r.get("version") != version]
         if bad:
             raise RuntimeError(f"replicas did not take version {version}: {bad}")
         return {"version": version, "bytes": len(payload), "encode_put_s": t_put,
-                "total_s": time.perf_counter() - t0, "replicas": len(replies)}
+                "total_s": time.perf_counter() - t0, "replicas": len(replies), "replicas_gone": gone}
+
+
+def broadcast(handle, method: str, *args) -> tuple[list, int]:
+    """Call ``method`` on every replica of a deployment: (replies of the live ones, how many had died).
+    A replica that died is being replaced by Serve; its successor is brought up to date by the next
+    sync (``Pipeline.sync_weights``). Any other failure raises."""
+    from ray.exceptions import RayActorError
+
+    replies, dead = [], 0
+    for r in handle.broadcast(method, *args).results(return_exceptions=True):
+        if isinstance(r, RayActorError):
+            dead += 1
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            replies.append(r)
+    return replies, dead

@@ -148,6 +148,19 @@ class Pipeline:
                 pipe.learner = handle
         return pipe
 
+    def sync_weights(self, version: int) -> bool:
+        """Make every live rollout/scorer replica hold policy ``version`` before it samples: a replica
+        Serve started to replace a dead one loads ``model.path``, not the current policy. Returns
+        whether the learner had to publish again."""
+        from services.learner.publish import broadcast
+
+        stale = [r for d in (self.rollout, self.scorer) if d is not None
+                 for r in broadcast(d.handle, "info")[0] if r.get("version") != version]
+        if stale and self.learner is not None:
+            log.warning("%d replica(s) behind version %d (replaced?); publishing again", len(stale), version)
+            self.learner.publish.remote().result()
+        return bool(stale)
+
     def publish_model(self, model_dir: str, version: int) -> dict:
         """Load a Hugging Face policy directory into every rollout and scorer replica (for eval)."""
         from services.learner.publish import ObjectStorePublisher

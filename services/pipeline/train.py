@@ -65,8 +65,6 @@ def train(cfg: MempoConfig) -> dict:
     prompts = PromptStream(load_prompts(data_path(cfg, "train")), cfg.train.prompts_per_step, cfg.train.seed)
     held_out = eval_prompts(cfg, cfg.eval.during_training_per_k)
     step = pipe.learner.info.remote().result()["step"]  # > 0 when the learner resumed a checkpoint
-    if step:
-        pipe.learner.publish.remote().result()  # the resumed weights reach every rollout/scorer replica
     log = RunLog(run_dir, resume_step=step)
     if step == 0:
         log.write("eval", 0, flatten(evaluate(cfg, pipe, held_out, step=0)))  # the starting policy
@@ -74,6 +72,7 @@ def train(cfg: MempoConfig) -> dict:
     try:
         while step < cfg.train.steps:
             t = [time.perf_counter()]
+            resynced = pipe.sync_weights(version=step)  # resumed, or a replica was replaced: same policy everywhere
             batch = PromptBatch(prompts.at(step), n=cfg.rollout.n, policy_version=step, step=step,
                                 seed=cfg.train.seed)
             traj_refs = pipe.rollout.rollout(batch)  # ObjectRefs; the bytes go replica -> store -> learner
@@ -84,7 +83,7 @@ def train(cfg: MempoConfig) -> dict:
             t.append(time.perf_counter())
             step = stats["step"]
             stats.update(stage_times(t, stats), rollout_retries=pipe.rollout.stats["retries"],
-                         scorer_retries=pipe.scorer.stats["retries"])
+                         scorer_retries=pipe.scorer.stats["retries"], weights_resynced=float(resynced))
             log.write("train", step, stats)
             bar.update(1)
             if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
