@@ -191,6 +191,17 @@ def scale(cfg: MempoConfig, service: str, replicas: int) -> None:
     if service == "search":
         section.autoscaling = False
     connect(cfg)
+    import ray
+
+    status = serve.status().applications.get(app_name(cfg, service))
+    if status is None:
+        raise ValueError(f"no running application {app_name(cfg, service)!r}: is the pipeline up?")
+    current = sum(d.replica_states.get("RUNNING", 0) for d in status.deployments.values())
+    extra = resource_needs(cfg, (service,))["CPU"] * max(0, replicas - current) / replicas
+    free = ray.available_resources().get("CPU", 0.0)
+    if extra > free + 1e-9:
+        raise ValueError(f"{replicas - current} more {service} replica(s) need {extra:g} CPUs; the cluster has {free:g} "
+                         f"free (add nodes, or lower {service}.num_cpus in the run's config before starting it)")
     serve.run(application(cfg, service), name=app_name(cfg, service), route_prefix=route_prefix(cfg, service))
 
 
