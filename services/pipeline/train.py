@@ -71,8 +71,8 @@ def train(cfg: MempoConfig) -> dict:
     bar = tqdm(total=cfg.train.steps, initial=step, desc="mempo train", unit="step", dynamic_ncols=True)
     try:
         while step < cfg.train.steps:
-            t = [time.perf_counter()]
             resynced = pipe.sync_weights(version=step)  # resumed, or a replica was replaced: same policy everywhere
+            t = [time.perf_counter()]
             batch = PromptBatch(prompts.at(step), n=cfg.rollout.n, policy_version=step, step=step,
                                 seed=cfg.train.seed)
             traj_refs = pipe.rollout.rollout(batch)  # ObjectRefs; the bytes go replica -> store -> learner
