@@ -75,12 +75,10 @@ class LearnerService:
     def __init__(self, config: dict):
         from services.learner.group import LearnerGroup
         from services.learner.publish import ObjectStorePublisher
-        from services.world.build import build_world, model_path
+        from services.world.build import policy_dir
 
         self.cfg = MempoConfig.model_validate(config)
-        if self.cfg.model.path == "world":
-            build_world(self.cfg, progress=False)
-        self.model_dir = str(model_path(self.cfg))
+        self.model_dir = str(policy_dir(self.cfg))
         self.group = LearnerGroup(self.cfg, self.model_dir)
         resumed = self.group.resume(self.cfg.train.run_dir)
         self.step_no = resumed["step"] if resumed else 0

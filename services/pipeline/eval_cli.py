@@ -38,13 +38,12 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool) -> int:
     from services.pipeline.apps import Pipeline
     from services.pipeline.evaluate import eval_prompts, evaluate
     from services.pipeline.report import markdown_table, write_report
-    from services.world.build import build_world
+    from services.world.build import ensure_world
 
     policies = parse_policies(specs or default_policies(cfg))
     if not policies:
         raise FileNotFoundError(f"nothing to evaluate: no --policy given and no sft/rl policy in {cfg.train.run_dir}")
-    if "world" in (cfg.search.corpus, cfg.eval.data):
-        build_world(cfg, progress=False)
+    ensure_world(cfg)
     cfg = cfg.model_copy(deep=True)
     cfg.model.path = next(iter(policies.values()))  # the engines start on the first policy's weights
     prompts = eval_prompts(cfg, cfg.eval.questions_per_k)

@@ -27,7 +27,7 @@ from services.pipeline.apps import Pipeline
 from services.pipeline.evaluate import eval_prompts, evaluate, flatten
 from services.pipeline.runlog import RunLog
 from services.pipeline.sft import sft_dir
-from services.world.build import build_world, data_path
+from services.world.build import data_path, ensure_world
 
 
 def starting_policy(cfg: MempoConfig) -> MempoConfig:
@@ -55,8 +55,7 @@ def stage_times(t: list[float], stats: dict) -> dict:
 
 
 def train(cfg: MempoConfig) -> dict:
-    if "world" in (cfg.model.path, cfg.search.corpus, cfg.train.data, cfg.eval.data):
-        build_world(cfg, progress=False)
+    ensure_world(cfg)
     cfg = starting_policy(cfg)
     run_dir = Path(cfg.train.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -16,12 +16,10 @@ from dataclasses import replace
 
 import ray
 
-from services.common.calls import CallError, call_all
+from services.common.calls import call_all
 from services.common.codec import encode
 from services.common.config import MempoConfig
 from services.common.messages import PromptBatch
-
-RolloutError = CallError  # a rollout call kept failing after its retries
 
 
 class RolloutDriver:

@@ -38,12 +38,10 @@ class RolloutService:
         from services.rollout.agent import AgentLoop
         from services.rollout.engine import PolicyEngine
         from services.search_tool.client import SearchClient
-        from services.world.build import build_world, model_path
+        from services.world.build import policy_dir
 
         cfg = MempoConfig.model_validate(config)
-        if cfg.model.path == "world":
-            build_world(cfg, progress=False)
-        model_dir = model_path(cfg)
+        model_dir = policy_dir(cfg)
         self.engine = PolicyEngine(cfg, model_dir)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         search = SearchClient.from_handle(serve.get_deployment_handle("search", app_name=cfg.rollout.search_app),

@@ -84,12 +84,10 @@ class ScorerService:
         from transformers import AutoTokenizer
 
         from services.scorer.scorer import MemoryScorer
-        from services.world.build import build_world, model_path
+        from services.world.build import policy_dir
 
         self.cfg = MempoConfig.model_validate(config)
-        if self.cfg.model.path == "world":
-            build_world(self.cfg, progress=False)
-        self.model_dir = str(model_path(self.cfg))
+        self.model_dir = str(policy_dir(self.cfg))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.scorer = MemoryScorer(_load_model(self.model_dir, self.cfg.model.dtype), self.tokenizer, self.cfg)
         self.version = 0

@@ -95,6 +95,19 @@ def corpus_path(cfg: MempoConfig) -> Path:
     return world_dir(cfg) / "corpus.jsonl" if cfg.search.corpus == "world" else Path(cfg.search.corpus)
 
 
+def policy_dir(cfg: MempoConfig) -> Path:
+    """``model_path``, building the embedded world first when the policy is its tiny model."""
+    if cfg.model.path == "world":
+        build_world(cfg, progress=False)
+    return model_path(cfg)
+
+
+def ensure_world(cfg: MempoConfig) -> None:
+    """Build the embedded world if any model, corpus or data path of ``cfg`` is 'world'."""
+    if "world" in (cfg.model.path, cfg.search.corpus, cfg.train.data, cfg.train.sft_data, cfg.eval.data):
+        build_world(cfg, progress=False)
+
+
 def data_path(cfg: MempoConfig, which: str) -> Path:
     """train / test prompts and SFT trajectories: the world's files unless the config names others."""
     value, name = {"train": (cfg.train.data, "train.parquet"), "test": (cfg.eval.data, "test.parquet"),

@@ -69,7 +69,6 @@ def test_two_steps_change_weights_advance_versions_and_report_every_stage(run, g
     assert {"k1/em", "k2/em", "em", "tt", "pt"} <= set(evals[-1])
     assert (run_dir / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
-    assert json.loads(json.dumps(rows))  # plain JSON
 
 
 def _replica_actors(app: str) -> list[str]:
