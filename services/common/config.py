@@ -1,7 +1,7 @@
 """The one typed configuration tree of the mempo pipeline.
 
 Every knob of every service is a pydantic field with a help string and, where MemPO's reference
-implementation fixes a number (see ../shared/MEMPO.md), that number as its default. A run's config
+implementation fixes a number (see docs/algorithm.md), that number as its default. A run's config
 is a YAML file from ``deploy/configs/`` plus ``key.sub=value`` overrides from the command line:
 
     from services.common.config import load_config
@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # The answer continuation appended to both the memory and the full context when scoring a <mem>
-# block (MEMPO.md section 3). ``{gold}`` is replaced by the gold answer(s).
+# block (docs/algorithm.md, section 4). ``{gold}`` is replaced by the gold answer(s).
 DEFAULT_ANSWER_TEMPLATE = (
     "\n<think>\nI have sufficient information to provide the final answers.\n</think>\n"
     "<answer>\n{gold}\n</answer>"

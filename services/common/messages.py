@@ -4,9 +4,9 @@ Flow of one training step (see docs/architecture.md):
 
     driver --PromptBatch--> rollout --TrajectoryBatch--> scorer --MemoryScoreBatch--> learner
     learner --TrainingBatch (internal, to its FSDP workers)--> learner --WeightUpdate--> rollout, scorer
-    every stage --Metrics--> driver
+    rollout, scorer --``metrics`` dicts inside their batches--> learner --step result--> driver
 
-Token data is kept as token ids and positions (MEMPO.md section 2), never as re-tokenised text:
+Token data is kept as token ids and positions (docs/algorithm.md, section 3), never as re-tokenised text:
 
 * ``Episode.prompt_ids`` is the chat-template encoding of [system, user] plus the assistant
   generation prompt, captured at turn 1 (the reference's ``mem_sys_prompt_ids``).
@@ -16,8 +16,9 @@ Token data is kept as token ids and positions (MEMPO.md section 2), never as re-
 * ``TurnRecord.context_ids`` is what the policy actually saw when it generated the turn (memory
   window applied), so the learner trains each turn under its own context.
 
-Encode with ``services.common.codec.encode`` / ``decode``; move through Ray with
-``services.common.transport``. Bump ``codec.SCHEMA_VERSION`` when a field changes meaning.
+Encode with ``services.common.codec.encode`` / ``decode``; how each message moves through Ray is
+in docs/architecture.md (``services.common.transport`` wraps put/get; tests use it). Bump
+``codec.SCHEMA_VERSION`` when a field changes meaning.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class PromptBatch:
 
 @message
 class TurnRecord:
-    """One assistant turn of one episode (MEMPO.md section 2). Spans index ``response_ids``;
+    """One assistant turn of one episode (docs/algorithm.md, section 3). Spans index ``response_ids``;
     ``turn`` counts from 1 (turn 1 has no history, hence no <mem>)."""
 
     turn: int
@@ -139,7 +140,7 @@ class TrajectoryBatch:
 
 @message
 class MemoryScore:
-    """The memory reward of one <mem> block (MEMPO.md section 3)."""
+    """The memory reward of one <mem> block (docs/algorithm.md, section 4)."""
 
     group: int  # index into TrajectoryBatch.groups
     episode: int  # index into RolloutGroup.episodes
@@ -200,7 +201,8 @@ class WeightUpdate:
 
 @message
 class Metrics:
-    """Any stage -> driver: named numbers for one step."""
+    """Named numbers of one stage for one step. No service sends it today: metrics travel as the
+    ``metrics`` dicts of TrajectoryBatch / MemoryScoreBatch and the learner's step result."""
 
     stage: str
     step: int

@@ -1,14 +1,16 @@
 """Moving encoded messages through the Ray object store.
 
 Stages hand each other ``ObjectRef``s to msgpack bytes, so a payload is written once and read
-by whoever needs it; the driver forwards refs without decoding them.
+by whoever needs it; the driver forwards refs without decoding them. The services themselves
+call the codec and Ray directly (docs/architecture.md); these helpers serve the tests.
 
     ref = put_message(batch)                     # encode + ray.put -> ObjectRef
     batch = get_message(ref, TrajectoryBatch)    # ray.get + decode (kind checked)
     batch = decode_payload(payload, TrajectoryBatch)  # inside a task/actor that got the bytes
 
-Note (PLATFORM_NOTES.md): an ObjectRef passed as a *top-level* argument to a Ray task, actor or
-Serve handle arrives resolved (the callee gets the bytes); wrapped in a list it stays a ref.
+Note (docs/architecture.md, Platform notes): an ObjectRef passed as a *top-level* argument to a
+Ray task, actor or Serve handle arrives resolved (the callee gets the bytes); wrapped in a list it
+stays a ref.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Writing the MemPO turn grammar (MEMPO.md section 1): the one place that knows its layout.
+"""Writing the MemPO turn grammar (docs/algorithm.md, section 1): the one place that knows its layout.
 
     [<mem> ... </mem>]  <think> ... </think>  ( <search> query </search> | <answer> ... </answer> )
 

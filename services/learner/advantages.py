@@ -1,4 +1,4 @@
-"""MemPO advantages (MEMPO.md section 4): outcome reward, GRPO, memory advantage, per-token sum.
+"""MemPO advantages (docs/algorithm.md, section 5): outcome reward, GRPO, memory advantage, per-token sum.
 
     R_out   = EM of the last <answer> (SQuAD-normalised, fraction of the k questions); 0 if the
               episode's format is invalid (it never answered, or a turn broke the grammar)

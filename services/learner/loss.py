@@ -1,4 +1,4 @@
-"""The policy loss (MEMPO.md section 5): PPO clip with dual clip, KL to a reference, aggregation.
+"""The policy loss (docs/algorithm.md, section 6): PPO clip with dual clip, KL to a reference, aggregation.
 
 All functions take padded [batch, time] tensors and a 0/1 ``mask`` of the tokens that count
 (generated tokens; observations and padding are 0). Each row is one (context, response) turn.
@@ -37,7 +37,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
                 agg: str = "seq-mean-token-mean", total_tokens: float | None = None,
                 total_rows: float | None = None) -> tuple[torch.Tensor, dict]:
     """PPO-clip on ratio = exp(logp - old_logp); for negative advantages the loss is also capped at
-    -adv * c (dual clip), so one very unlikely token cannot dominate."""
+    -adv * c (dual clip), so one very unlikely token cannot dominate.
+
+    Today the learner takes one optimizer step per batch and uses that step's own forward
+    (detached) as the "old" log-probs, so the PPO ratio is 1 and the clip is inert; it becomes
+    active only when rollouts are off-policy (an asynchronous pipeline is planned)."""
     ratio = torch.exp(logp - old_logp)
     pg1 = -adv * ratio
     pg2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)

@@ -1,4 +1,4 @@
-"""Outcome rewards (MEMPO.md section 4): exact match and F1 with SQuAD normalisation.
+"""Outcome rewards (docs/algorithm.md, section 5): exact match and F1 with SQuAD normalisation.
 
 A multi-objective answer ("a1; a2") is split on the separator and scored per question; the reward
 is the fraction of questions answered correctly.

@@ -8,7 +8,7 @@ Handle methods:
     publish() -> report (re-send the current policy, e.g. after a resume)
     export(out_dir) -> out_dir (a plain Hugging Face directory of the current policy)
 
-One step: advantages per trajectory batch (MEMPO.md section 4) -> per-turn samples -> one
+One step: advantages per trajectory batch (docs/algorithm.md, section 5) -> per-turn samples -> one
 PPO/GRPO update on W ranks -> version + 1 -> every ``learner.checkpoint_every`` steps a sharded
 checkpoint in ``train.run_dir`` -> the full state dict to every replica of ``learner.publish_to``.
 On start it resumes from the latest complete checkpoint of ``train.run_dir`` (``learner.resume``).

@@ -1,4 +1,4 @@
-"""The memory reward of one <mem> block (MEMPO.md section 3): pure numpy, no Ray, no model.
+"""The memory reward of one <mem> block (docs/algorithm.md, section 4): pure numpy, no Ray, no model.
 
 Given the log-probs of the gold answer's tokens under the full context and under the memory
 context (teacher forcing with the current policy):

@@ -1,4 +1,4 @@
-"""The memory reward math, pinned to the worked examples of MEMPO.md section 3."""
+"""The memory reward math, pinned to the worked examples of docs/algorithm.md, section 4."""
 
 import math
 
@@ -42,7 +42,7 @@ def test_joint_and_none_modes():
 
 
 def test_independent_filter_inflates_p_mem_relative_to_joint():
-    """The bias MEMPO.md names: P_mem averaged over an easier subset."""
+    """The bias docs/algorithm.md names: P_mem averaged over an easier subset."""
     full, mem = [-0.2, -0.3, -0.1], [-0.5, -0.4, -1.5]
     assert memory_reward(full, mem, TAU, "independent").r_mem > memory_reward(full, mem, TAU, "none").r_mem
 
