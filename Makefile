@@ -8,7 +8,7 @@ export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test test-fast world run bench clean
+.PHONY: setup test test-fast world run bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -37,11 +37,23 @@ run: $(STAMP)
 	$(MEMPO) train $(CONFIG) $(ARGS)
 	$(MEMPO) eval $(CONFIG) $(ARGS) --report
 
+# The paper's comparison in miniature: MemPO vs MEM1-like vs Search-R1-like RL from the same SFT start
+# (<train.run_dir>/compare/report.md and compare.png).
+compare: $(STAMP)
+	$(MEMPO) world build $(CONFIG) $(ARGS)
+	$(MEMPO) sft $(CONFIG) $(ARGS)
+	$(MEMPO) compare $(CONFIG) $(ARGS)
+
 bench: $(STAMP)
 	$(PY) bench/codec.py
 	$(PY) bench/search.py
 	$(PY) bench/rollout.py
 	$(PY) bench/scorer.py
+
+# CUDA smoke check at the Qwen2.5-0.5B shape: packed vs naive scoring, one FSDP2 step over NCCL
+# (bench/gpu.py). Without CUDA it says "no CUDA device" and exits 0.
+gpu-check: $(STAMP)
+	$(PY) bench/gpu.py
 
 clean:
 	rm -rf runs .cache

@@ -5,13 +5,14 @@
     mempo train [CONFIG.yaml] [key=value ...]    MemPO RL (resumes an existing train.run_dir)
     mempo eval  [CONFIG.yaml] [key=value ...] [--policy NAME=DIR ...] [--report]
                                                  held-out EM/F1/turns/TT/PT/R_mem per k, side by side
+    mempo compare [CONFIG.yaml] [key=value ...]  MemPO vs MEM1-like vs Search-R1-like from one SFT start
     mempo serve [CONFIG.yaml] [key=value ...] [--apps search,scorer,...]   deploy services only
     mempo scale rollout|scorer|search N [--run-dir DIR]   resize one service of a running pipeline
     mempo index CORPUS.jsonl OUT_DIR [--backend dense --encoder DIR]       build a retrieval index
     mempo config [CONFIG.yaml] [key=value ...] | --help-fields             resolved config / all fields
 
 `mempo <command> --help` says more. Baselines: algorithm.use_memory_reward=false (MEM1-like),
-rollout.memory_window=full (Search-R1-like).
+rollout.memory_window=full with algorithm.use_memory_reward=false (Search-R1-like).
 """
 
 from __future__ import annotations
@@ -127,6 +128,25 @@ def _eval(argv: list[str]) -> int:
     return run_eval(cfg, a.policy, a.report)
 
 
+def _compare(argv: list[str]) -> int:
+    p = _parser("compare", "The paper's comparison in miniature: from one SFT start, RL with MemPO, MEM1-like "
+                           "(no memory reward) and Search-R1-like (full history) for the same steps, then one "
+                           "held-out table and plot in <train.run_dir>/compare/.")
+    p.add_argument("--variants", default="", help="comma-separated subset of mempo,mem1,search_r1 (default: all)")
+    a = p.parse_args(argv)
+    _setup_logging()
+    from services.pipeline.compare import compare
+
+    path = a.args[0] if a.args and "=" not in a.args[0] else DEFAULT_CONFIG
+    overrides = [x for x in a.args if x is not path]
+    _load(a.args)  # fail on a bad key before anything starts
+    try:
+        compare(path, overrides, [v.strip() for v in a.variants.split(",") if v.strip()] or None)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
 def _serve(argv: list[str]) -> int:
     p = _parser("serve", "Deploy the services (no training) and keep them up until Ctrl-C: e.g. the scorer's "
                          "REST endpoint (POST /scorer/score) and Search-R1's POST /retrieve.")
@@ -178,7 +198,8 @@ def _scale(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"sft": _sft, "train": _train, "eval": _eval, "serve": _serve, "scale": _scale, "index": _index}
+COMMANDS = {"sft": _sft, "train": _train, "eval": _eval, "compare": _compare, "serve": _serve, "scale": _scale,
+            "index": _index}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,10 +25,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # The answer continuation appended to both the memory and the full context when scoring a <mem>
-# block (docs/algorithm.md, section 4). ``{gold}`` is replaced by the gold answer(s).
+# block (docs/algorithm.md, section 4). ``{gold}`` is replaced by the gold answer(s). The answer sits inline,
+# as the policy writes it (services/common/turn_format.py), so the gold is tokenised as it would be.
 DEFAULT_ANSWER_TEMPLATE = (
     "\n<think>\nI have sufficient information to provide the final answers.\n</think>\n"
-    "<answer>\n{gold}\n</answer>"
+    "<answer> {gold} </answer>"
 )
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -67,13 +68,17 @@ class WorldConfig(_Section):
     distractors_per_entity: int = Field(1, ge=0, description="Distractor passages per entity (mention it without stating the asked fact).")
     train_questions: int = Field(10000, ge=1, description="Training prompts to generate.")
     test_questions: int = Field(200, ge=1, description="Held-out prompts per objective count k in test_objectives.")
-    test_share: float = Field(0.25, gt=0.0, lt=1.0, description="Share of all questions reserved for the test pool (train never sees them).")
+    test_share: float = Field(0.25, gt=0.0, lt=1.0, description="Share of the entities questions ask about that are held out, with every question about them (train never names them).")
     train_objectives: list[PositiveInt] = Field([2], min_length=1, description="Objective counts k used in training prompts, cycled (the paper trains on k=2).")
     test_objectives: list[PositiveInt] = Field(list(range(2, 11)), min_length=1, description="Objective counts k of the held-out test sets (the paper evaluates k=2..10).")
     two_hop_share: float = Field(0.5, ge=0.0, le=1.0, description="Share of questions that need two hops.")
     oracle_trajectories: int = Field(10000, ge=0, description="Oracle (SFT cold-start) trajectories from training prompts (the paper distils ~10k).")
     oracle_imperfect_share: float = Field(0.2, ge=0.0, le=1.0, description="Share of oracle trajectories with imperfect behaviour (sloppy memory, redundant search, early answer).")
-    tokenizer_vocab_size: int = Field(2048, ge=300, description="Vocabulary size of the world's byte-level BPE tokenizer.")
+    tokenizer_vocab_size: int = Field(2048, ge=300, description="Vocabulary size of the world's byte-level BPE tokenizer (an upper bound: BPE stops when no pair repeats).")
+    pretrain_tokens: int = Field(0, ge=0, description="Tokens of causal-LM pretraining of the tiny model on the world's passages and oracle transcripts, once per world, before SFT (0 = the random-init model). Builds the copy skill a real pretrained base has.")
+    pretrain_seq_len: int = Field(512, ge=16, description="Pretraining block length (documents joined with <|endoftext|>, no padding).")
+    pretrain_batch_tokens: int = Field(8192, ge=16, description="Tokens per pretraining step (blocks per step = this / pretrain_seq_len).")
+    pretrain_lr: float = Field(3e-3, gt=0, description="Peak pretraining learning rate (AdamW, 5% warm-up, cosine to a tenth).")
 
 
 class ModelConfig(_Section):
@@ -195,9 +200,11 @@ class LearnerConfig(_Section):
 class TrainConfig(_Section):
     steps: int = Field(200, ge=0, description="RL steps.")
     data: str = Field("world", description="Training prompts (verl/Search-R1 parquet); 'world' = the embedded world's train.parquet.")
-    init_from_sft: bool = Field(True, description="Start RL from `<run_dir>/sft/model` (written by `mempo sft`) instead of model.path.")
+    init_from_sft: bool = Field(True, description="Start RL from the SFT policy (train.sft_dir, written by `mempo sft`) instead of model.path.")
+    sft_dir: str = Field("", description="Where `mempo sft` writes the cold-start policy and RL reads it; empty = <run_dir>/sft/model. `mempo compare` points every variant at one.")
     prompts_per_step: int = Field(128, ge=1, description="Prompts per step (reference 128; each gets rollout.n rollouts).")
     sft_epochs: int = Field(1, ge=0, description="Epochs over the oracle trajectories in the SFT cold start.")
+    sft_steps: int = Field(0, ge=0, description="SFT steps; 0 = train.sft_epochs passes over the turns. A cap that keeps the cold start inside a time budget when the oracle writes many trajectories.")
     sft_data: str = Field("world", description="SFT trajectories: JSONL rows with 'messages' (a finished transcript) and 'em'; 'world' = the world's oracle.jsonl.")
     sft_min_em: float = Field(1.0, ge=0.0, le=1.0, description="Keep only SFT trajectories whose answer scored at least this EM (rejection sampling).")
     sft_batch_size: int = Field(32, ge=1, description="Turns (context, response samples) per SFT step.")

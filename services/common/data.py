@@ -6,11 +6,13 @@
 
 A row's gold answers per objective come from ``extra_info.answers`` when present (the embedded
 world writes it), else from ``reward_model.ground_truth.target`` (Search-R1 datasets: a list of
-acceptable answers of a single question).
+acceptable answers of a single question). ``Prompt.extra["entities"]`` names the entity each
+question asks about, when the row says (``extra_info.chains``).
 """
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Optional
@@ -18,6 +20,18 @@ from typing import Optional
 import pandas as pd
 
 from services.common.messages import ChatMessage, Prompt
+
+
+def _entities(info: dict) -> Optional[str]:
+    """The entity each question asks about (its first hop's subject), joined by "; ", when the row
+    carries the embedded world's ``extra_info.chains``; the eval's first-search diagnostic uses it."""
+    chains = info.get("chains")
+    if not isinstance(chains, str):
+        return None
+    try:
+        return "; ".join(str(chain[0]["subject"]) for chain in json.loads(chains))
+    except (ValueError, LookupError, TypeError):
+        return None
 
 
 def row_to_prompt(row: dict, split: str = "") -> Prompt:
@@ -29,7 +43,8 @@ def row_to_prompt(row: dict, split: str = "") -> Prompt:
         target = row["reward_model"]["ground_truth"]["target"]
         golds = [[str(t) for t in (target if not isinstance(target, str) else [target])]]
     index = info.get("index", "")
-    extra = {k: v for k, v in {"k": info.get("k"), "index": index}.items() if isinstance(v, (int, float, str))}
+    extra = {k: v for k, v in {"k": info.get("k"), "index": index, "entities": _entities(info)}.items()
+             if isinstance(v, (int, float, str))}
     extra = {k: int(v) if hasattr(v, "item") else v for k, v in extra.items()}
     return Prompt(uid=f"{split or info.get('split', 'row')}-{index}",
                   messages=[ChatMessage(role=m["role"], content=m["content"]) for m in row["prompt"]],

@@ -65,6 +65,7 @@ class PromptBatch:
     step: int = 0
     seed: int = 0
     temperature: float = -1.0  # sampling temperature of this batch; < 0 = the rollout config's
+    search: bool = True  # False = every search returns an empty observation (the eval's no-retrieval control)
 
 
 @message

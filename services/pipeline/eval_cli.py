@@ -33,11 +33,13 @@ def parse_policies(specs: list[str]) -> dict[str, str]:
 
 
 def run_eval(cfg: MempoConfig, specs: list[str], report: bool) -> int:
+    """Evaluate each policy on the same held-out prompts; with ``report``, also with search disabled
+    (the no-retrieval control) and write report.md, eval.json, samples.md and curves.png."""
     from tqdm import tqdm
 
     from services.pipeline.apps import Pipeline
-    from services.pipeline.evaluate import eval_prompts, evaluate
-    from services.pipeline.report import markdown_table, write_report
+    from services.pipeline.evaluate import eval_prompts, run_eval as run_pass
+    from services.pipeline.report import diagnostics_table, markdown_table, write_report
     from services.world.build import ensure_world
 
     policies = parse_policies(specs or default_policies(cfg))
@@ -48,14 +50,18 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool) -> int:
     cfg.model.path = next(iter(policies.values()))  # the engines start on the first policy's weights
     prompts = eval_prompts(cfg, cfg.eval.questions_per_k)
     pipe = Pipeline.start(cfg, ("search", "rollout", "scorer"))
-    results = {}
+    runs, controls = {}, {}
     for i, (name, path) in enumerate(tqdm(policies.items(), desc="mempo eval", unit="policy", dynamic_ncols=True)):
         if i:
             pipe.publish_model(path, version=1000 + i)
-        results[name] = evaluate(cfg, pipe, prompts, step=0)
+        runs[name] = run_pass(cfg, pipe, prompts, step=0)
+        if report:
+            controls[name] = run_pass(cfg, pipe, prompts, step=0, search=False).table()
+    results = {name: run.table() for name, run in runs.items()}
     print(markdown_table(results), flush=True)
+    print(diagnostics_table(results, controls), flush=True)
     if report:
-        paths = write_report(cfg.train.run_dir, results)
+        paths = write_report(cfg.train.run_dir, results, runs=runs, controls=controls)
         print("report: " + ", ".join(str(p) for p in paths.values()), flush=True)
     pipe.shutdown()
     return 0

@@ -1,23 +1,29 @@
 """Held-out evaluation: roll out the deployed policy on test prompts, per objective count k.
 
     prompts = eval_prompts(cfg, per_k=100)                  # {k: [Prompt]}
-    table = evaluate(cfg, pipe, prompts, step=0)            # {k: {"em", "f1", "turns", "tt", ...}}
+    table = evaluate(cfg, pipe, prompts, step=0)            # {k: {"em", "em_lo", "em_hi", "f1", ...}}
+    run = run_eval(cfg, pipe, prompts, search=False)        # per-episode rows, blocks, samples
 
 One rollout per prompt at ``eval.temperature`` (0 = greedy), through the same rollout deployment
 and driver as training; with ``eval.memory_reward`` the scorer grades every <mem> block too.
-Metrics per k (MemPO's evaluation, MEMPO.md section 6):
-    em, f1   outcome scores (0 when the episode never answered or broke the grammar)
+``search=False`` is the no-retrieval control: every search returns an empty observation, so EM
+there is what the policy recalls without searching (it should be near 0 on the entity-disjoint
+held-out set). Metrics per k (MemPO's evaluation, docs/algorithm.md):
+    em, f1   outcome scores (0 when the episode never answered or broke the grammar); em_lo/em_hi
+             is the 95% bootstrap CI of EM over prompts
     turns    assistant turns per episode
     tt       total tokens: sum over turns of (context + generated) tokens
     pt       peak tokens: the largest single-turn context + generation
     r_mem, p_mem, p_full   mean memory reward and its two probabilities over the <mem> blocks
-    tool_failures, answered   failed searches per episode, share of episodes that answered
+    tool_failures, answered, well_formed, first_search_hit, answer_seen   (services/pipeline/diagnostics.py)
 The driver decodes these trajectories itself: evaluation consumes them, it does not forward them.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import ray
@@ -26,9 +32,14 @@ from services.common.codec import decode
 from services.common.config import MempoConfig
 from services.common.data import load_prompts
 from services.common.messages import MemoryScoreBatch, Prompt, PromptBatch, TrajectoryBatch
-from services.learner.advantages import outcome_reward
+from services.pipeline.diagnostics import episode_row
+from services.pipeline.stats import bootstrap_ci
 
-METRICS = ("em", "f1", "turns", "tt", "pt", "r_mem", "p_mem", "p_full", "tool_failures", "answered")
+EPISODE_METRICS = ("em", "f1", "turns", "tt", "pt", "tool_failures", "answered", "well_formed",
+                   "first_search_hit", "answer_seen")
+BLOCK_METRICS = ("r_mem", "p_mem", "p_full")
+METRICS = EPISODE_METRICS + BLOCK_METRICS
+SAMPLES_PER_K = 3  # complete decoded episodes kept per k for samples.md
 
 
 def eval_prompts(cfg: MempoConfig, per_k: int) -> dict[int, list[Prompt]]:
@@ -42,39 +53,84 @@ def eval_prompts(cfg: MempoConfig, per_k: int) -> dict[int, list[Prompt]]:
     return out
 
 
-def evaluate(cfg: MempoConfig, pipe, prompts: dict[int, list[Prompt]], step: int = 0) -> dict[int, dict[str, float]]:
+@lru_cache(maxsize=4)
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+@dataclass
+class EvalRun:
+    """Everything one evaluation pass produced, per k: episode rows (in prompt order, so two
+    policies' rows pair up), memory-block scores and a few decoded episodes."""
+
+    episodes: dict[int, list[dict]] = field(default_factory=lambda: defaultdict(list))
+    blocks: dict[int, list[dict]] = field(default_factory=lambda: defaultdict(list))
+    samples: dict[int, list[dict]] = field(default_factory=lambda: defaultdict(list))
+
+    def table(self) -> dict[int, dict[str, float]]:
+        out = {}
+        for k in sorted(self.episodes):
+            rows, blocks = self.episodes[k], self.blocks.get(k, [])
+            t = {m: _mean([r[m] for r in rows]) for m in EPISODE_METRICS}
+            t.update({m: _mean([b[m] for b in blocks]) for m in BLOCK_METRICS})
+            t["em_lo"], t["em_hi"] = bootstrap_ci([r["em"] for r in rows])
+            t["episodes"] = float(len(rows))
+            out[k] = t
+        return out
+
+    def em(self, k: int) -> np.ndarray:
+        return np.asarray([r["em"] for r in self.episodes[k]], dtype=np.float64)
+
+
+def _mean(values: list[float]) -> float:
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else float("nan")
+
+
+def run_eval(cfg: MempoConfig, pipe, prompts: dict[int, list[Prompt]], step: int = 0, search: bool = True) -> EvalRun:
+    from services.world.build import model_path
+
+    tok = _tokenizer(str(model_path(cfg)))
+    dec = (lambda ids: tok.decode(ids, skip_special_tokens=True))
     ordered = [p for k in sorted(prompts) for p in prompts[k]]
     batch = PromptBatch(prompts=ordered, n=1, policy_version=step, step=step, seed=cfg.train.seed + 7919,
-                        temperature=cfg.eval.temperature)
+                        temperature=cfg.eval.temperature, search=search)
     traj_refs = pipe.rollout.rollout(batch)
     score_refs = pipe.scorer.score(traj_refs) if cfg.eval.memory_reward and pipe.scorer is not None else []
-    rows: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    out = EvalRun()
     for i, ref in enumerate(traj_refs):
         traj = decode(ray.get(ref), TrajectoryBatch)
-        for group in traj.groups:
+        scores = decode(ray.get(score_refs[i]), MemoryScoreBatch).scores if score_refs else []
+        by_turn = {(s.group, s.episode, s.turn): s for s in scores}
+        for s in scores:
+            k = len(traj.groups[s.group].prompt.golds)
+            out.blocks[k].append({"r_mem": s.r_mem, "p_mem": s.p_mem, "p_full": s.p_full})
+        for g, group in enumerate(traj.groups):
             k = len(group.prompt.golds)
-            for ep in group.episodes:
-                em, f1 = outcome_reward(ep, group.prompt.golds, cfg.algorithm.answer_separator)
-                r = rows[k]
-                r["em"].append(em)
-                r["f1"].append(f1)
-                r["turns"].append(len(ep.turns))
-                r["tt"].append(ep.total_tokens)
-                r["pt"].append(ep.peak_tokens)
-                r["tool_failures"].append(ep.tool_failures)
-                r["answered"].append(float(ep.answer is not None))
-        if score_refs:
-            scores = decode(ray.get(score_refs[i]), MemoryScoreBatch)
-            for s in scores.scores:
-                k = len(traj.groups[s.group].prompt.golds)
-                rows[k]["r_mem"].append(s.r_mem)
-                rows[k]["p_mem"].append(s.p_mem)
-                rows[k]["p_full"].append(s.p_full)
-    table = {}
-    for k in sorted(rows):
-        table[k] = {m: float(np.mean(rows[k][m])) if rows[k][m] else float("nan") for m in METRICS}
-        table[k]["episodes"] = float(len(rows[k]["em"]))
-    return table
+            for e, ep in enumerate(group.episodes):
+                row = episode_row(ep, group.prompt, dec, cfg.algorithm.answer_separator)
+                out.episodes[k].append({"uid": group.prompt.uid, **row})
+                if len(out.samples[k]) < SAMPLES_PER_K:
+                    out.samples[k].append(_sample(group.prompt, ep, row, dec, by_turn, g, e))
+    return out
+
+
+def _sample(prompt: Prompt, ep, row: dict, dec, by_turn: dict, g: int, e: int) -> dict:
+    turns = []
+    for t, turn in enumerate(ep.turns):
+        s = by_turn.get((g, e, t))
+        turns.append({"response": dec(turn.response_ids.tolist()), "observation": dec(turn.observation_ids.tolist()),
+                      "problems": list(turn.problems),
+                      "memory_reward": None if s is None else {"p_mem": s.p_mem, "p_full": s.p_full, "r_mem": s.r_mem}})
+    return {"uid": prompt.uid, "question": prompt.messages[-1].content, "golds": prompt.golds,
+            "answer": ep.answer, "em": row["em"], "finish": ep.finish_reason, "turns": turns}
+
+
+def evaluate(cfg: MempoConfig, pipe, prompts: dict[int, list[Prompt]], step: int = 0) -> dict[int, dict[str, float]]:
+    return run_eval(cfg, pipe, prompts, step).table()
 
 
 def flatten(table: dict[int, dict[str, float]]) -> dict[str, float]:

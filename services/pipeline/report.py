@@ -14,25 +14,89 @@ import json
 import math
 from pathlib import Path
 
-from services.pipeline.runlog import read_rows
+import numpy as np
 
-COLUMNS = (("EM", "em", "{:.3f}"), ("F1", "f1", "{:.3f}"), ("turns", "turns", "{:.2f}"), ("TT", "tt", "{:.0f}"),
+from services.pipeline.runlog import read_rows
+from services.pipeline.stats import paired_bootstrap_diff
+
+COLUMNS = (("F1", "f1", "{:.3f}"), ("turns", "turns", "{:.2f}"), ("TT", "tt", "{:.0f}"),
            ("PT", "pt", "{:.0f}"), ("R_mem", "r_mem", "{:+.4f}"), ("P_mem", "p_mem", "{:.4f}"),
            ("P_full", "p_full", "{:.4f}"), ("episodes", "episodes", "{:.0f}"))
+DIAGNOSTICS = (("well-formed", "well_formed"), ("first search names the entity", "first_search_hit"),
+               ("answer seen in an observation", "answer_seen"), ("answered", "answered"))
 
 
 def _fmt(fmt: str, v) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
 
+def _em(row: dict) -> str:
+    em = _fmt("{:.3f}", row.get("em"))
+    if "em_lo" in row and not math.isnan(row["em_lo"]):
+        em += f" [{row['em_lo']:.3f}, {row['em_hi']:.3f}]"
+    return em
+
+
 def markdown_table(results: dict[str, dict[int, dict]]) -> str:
-    head = "| policy | k | " + " | ".join(c[0] for c in COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
+    """EM (with its 95% CI when known) and the paper's metrics, per policy and k."""
+    head = "| policy | k | EM [95% CI] | " + " | ".join(c[0] for c in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 3)]
     for name, table in results.items():
         for k in sorted(table, key=int):
             row = table[k]
-            lines.append(f"| {name} | {k} | " + " | ".join(_fmt(f, row.get(key)) for _, key, f in COLUMNS) + " |")
+            lines.append(f"| {name} | {k} | {_em(row)} | " + " | ".join(_fmt(f, row.get(key)) for _, key, f in COLUMNS) + " |")
     return "\n".join(lines)
+
+
+def diagnostics_table(results: dict[str, dict[int, dict]], controls: dict[str, dict[int, dict]]) -> str:
+    """What the agent did, per policy and k, and EM of the same policy with search disabled."""
+    head = "| policy | k | " + " | ".join(c[0] for c in DIAGNOSTICS) + " | EM, search disabled [95% CI] |"
+    lines = [head, "|" + "---|" * (len(DIAGNOSTICS) + 3)]
+    for name, table in results.items():
+        for k in sorted(table, key=int):
+            row, ctl = table[k], controls.get(name, {}).get(k)
+            cells = [_fmt("{:.3f}", row.get(key)) for _, key in DIAGNOSTICS]
+            lines.append(f"| {name} | {k} | " + " | ".join(cells) + f" | {_em(ctl) if ctl else 'n/a'} |")
+    return "\n".join(lines)
+
+
+def delta_table(runs: dict) -> str:
+    """EM of every policy against the first one (its start), per k and pooled over k: the mean
+    per-prompt difference with its 95% paired-bootstrap CI (services/pipeline/stats.py)."""
+    names = list(runs)
+    if len(names) < 2:
+        return ""
+    base = runs[names[0]]
+    lines = [f"| policy | k | EM - EM({names[0]}) | 95% CI | prompts |", "|---|---|---|---|---|"]
+    for name in names[1:]:
+        ks = sorted(set(base.episodes) & set(runs[name].episodes))
+        for k in ks + ["all"]:
+            before = np.concatenate([base.em(j) for j in ks]) if k == "all" else base.em(k)
+            after = np.concatenate([runs[name].em(j) for j in ks]) if k == "all" else runs[name].em(k)
+            d, lo, hi = paired_bootstrap_diff(before, after)
+            lines.append(f"| {name} | {k} | {d:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {len(before)} |")
+    return "\n".join(lines)
+
+
+def samples_markdown(runs: dict) -> str:
+    """A few complete episodes per policy and k, decoded, with the outcome reward and the memory
+    reward of each <mem> block."""
+    out = ["# Sample episodes", ""]
+    for name, run in runs.items():
+        for k in sorted(run.samples):
+            for s in run.samples[k]:
+                golds = "; ".join(alts[0] for alts in s["golds"])
+                out += [f"## {name}, k={k}, {s['uid']}: EM {s['em']:.2f} ({s['finish']})", "",
+                        f"**question:** {s['question']}  ", f"**gold:** {golds}  ", f"**answer:** {s['answer']}", ""]
+                for t, turn in enumerate(s["turns"], 1):
+                    mr = turn["memory_reward"]
+                    score = "" if mr is None else (f" (P_mem {mr['p_mem']:.3f}, P_full {mr['p_full']:.3f}, "
+                                                   f"R_mem {mr['r_mem']:+.3f})")
+                    problems = f" problems: {', '.join(turn['problems'])}" if turn["problems"] else ""
+                    out += [f"turn {t}{score}{problems}", "", "```", turn["response"].strip(), "```", ""]
+                    if turn["observation"].strip():
+                        out += ["```", turn["observation"].strip()[:600], "```", ""]
+    return "\n".join(out)
 
 
 def plot_curves(metrics_path: Path, out: Path) -> Path | None:
@@ -72,16 +136,30 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     return out
 
 
-def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes: str = "") -> dict[str, Path]:
+def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes: str = "", runs: dict | None = None,
+                 controls: dict[str, dict[int, dict]] | None = None) -> dict[str, Path]:
+    """report.md (+ eval.json, curves.png, and samples.md when ``runs`` holds the EvalRuns)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = {"eval": run_dir / "eval.json", "report": run_dir / "report.md"}
-    paths["eval"].write_text(json.dumps({n: {str(k): v for k, v in t.items()} for n, t in results.items()}, indent=1))
+    dump = {n: {str(k): v for k, v in t.items()} for n, t in results.items()}
+    if controls:
+        dump["search_disabled"] = {n: {str(k): v for k, v in t.items()} for n, t in controls.items()}
+    paths["eval"].write_text(json.dumps(dump, indent=1))
     curves = plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
-    text = ["# mempo run report", "", markdown_table(results), ""]
+    text = ["# mempo run report", "", "Held-out prompts, one greedy episode each.", "", markdown_table(results), ""]
+    if runs and len(runs) > 1:
+        text += ["## Change in EM against the starting policy (paired bootstrap over prompts)", "",
+                 delta_table(runs), ""]
+    if any("well_formed" in row for t in results.values() for row in t.values()):
+        text += ["## What the agent did", "", diagnostics_table(results, controls or {}), ""]
     if curves is not None:
         paths["curves"] = curves
         text += ["![training curves](curves.png)", ""]
+    if runs:
+        paths["samples"] = run_dir / "samples.md"
+        paths["samples"].write_text(samples_markdown(runs))
+        text += ["Decoded episodes with per-block memory rewards: [samples.md](samples.md)", ""]
     if notes:
         text += [notes, ""]
     paths["report"].write_text("\n".join(text))

@@ -9,8 +9,8 @@ under the context the agent would see at that turn (``rollout.memory_window``: M
 system + question + previous turn, or the full history for the Search-R1-like baseline), built by
 the rollout's own EpisodeBuilder, so SFT and RL train on identically shaped contexts. Loss is
 cross-entropy on the assistant tokens only, on the same FSDP learner group RL uses
-(``learner.world_size`` ranks, lr ``learner.sft_lr``), ``train.sft_epochs`` passes in batches of
-``train.sft_batch_size`` turns.
+(``learner.world_size`` ranks, lr ``learner.sft_lr``), ``train.sft_epochs`` passes (or ``train.sft_steps``
+steps) in batches of ``train.sft_batch_size`` turns.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ log = logging.getLogger("mempo.sft")
 
 
 def sft_dir(cfg: MempoConfig) -> Path:
-    return Path(cfg.train.run_dir) / "sft" / "model"
+    return Path(cfg.train.sft_dir) if cfg.train.sft_dir else Path(cfg.train.run_dir) / "sft" / "model"
 
 
 def load_transcripts(path: Path, min_em: float) -> list[list[dict]]:
@@ -94,7 +94,7 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     if not samples:
         raise ValueError("no SFT samples: check train.sft_data and train.sft_min_em")
     per_step = cfg.train.sft_batch_size
-    steps = cfg.train.sft_epochs * max(1, len(samples) // per_step)
+    steps = cfg.train.sft_steps or cfg.train.sft_epochs * max(1, len(samples) // per_step)
     log_fn(f"SFT: {len(samples)} turns, {steps} steps of {per_step} on {cfg.learner.world_size} rank(s), "
            f"lr {cfg.learner.sft_lr}")
     connect(cfg, with_serve=False)

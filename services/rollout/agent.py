@@ -26,6 +26,7 @@ import numpy as np
 
 from services.common.config import MempoConfig
 from services.common.messages import Episode, Prompt, PromptBatch, RolloutGroup, TrajectoryBatch
+from services.common.turn_format import render_information
 from services.rollout.engine import PolicyEngine
 from services.rollout.records import EpisodeBuilder
 from services.search_tool.client import SearchClient
@@ -54,11 +55,19 @@ class AgentLoop:
 
     # -- one episode ------------------------------------------------------------------------
 
-    async def episode(self, prompt: Prompt, sample: int, seed: int, temperature: float = -1.0) -> tuple[Episode, dict]:
+    async def episode(self, prompt: Prompt, sample: int, seed: int, temperature: float = -1.0,
+                      search: bool = True) -> tuple[Episode, dict]:
         async with self.slots:
-            return await self._episode(prompt, sample, seed, temperature)
+            return await self._episode(prompt, sample, seed, temperature, search)
 
-    async def _episode(self, prompt: Prompt, sample: int, seed: int, temperature: float) -> tuple[Episode, dict]:
+    async def _observe(self, query: str, search: bool) -> tuple[str, bool]:
+        """The observation of a search call; with ``search`` off, an empty <information> block."""
+        if not search:
+            return render_information(""), True
+        return await self.search.observation(query, self.cfg.search.topk)
+
+    async def _episode(self, prompt: Prompt, sample: int, seed: int, temperature: float,
+                       search: bool) -> tuple[Episode, dict]:
         rb = self.records
         prompt_ids = rb.prompt_ids(prompt)
         full_ids = list(prompt_ids)
@@ -85,7 +94,7 @@ class AgentLoop:
                 finish = "answer"
             elif parsed.action == "search":
                 t0 = time.perf_counter()
-                observation, ok = await self.search.observation(parsed.argument, self.cfg.search.topk)
+                observation, ok = await self._observe(parsed.argument, search)
                 stats["tool_s"] += time.perf_counter() - t0
                 ep.tool_calls += 1
                 ep.tool_failures += 0 if ok else 1
@@ -108,7 +117,8 @@ class AgentLoop:
 
     async def run(self, batch: PromptBatch) -> TrajectoryBatch:
         t0, version = time.perf_counter(), self.engine.version
-        jobs = [self.episode(p, s, batch.seed, batch.temperature) for p in batch.prompts for s in range(batch.n)]
+        jobs = [self.episode(p, s, batch.seed, batch.temperature, batch.search)
+                for p in batch.prompts for s in range(batch.n)]
         results = await asyncio.gather(*jobs)
         groups = []
         for i, p in enumerate(batch.prompts):

@@ -16,7 +16,8 @@ Layout of a built world:
     train.parquet     training prompts (verl / Search-R1 layout)
     test.parquet      held-out prompts, test_questions per k in world.test_objectives
     oracle.jsonl      oracle trajectories in the MemPO grammar (SFT cold start)
-    model/            tiny Qwen2 model + tokenizer (save_pretrained)
+    model/            tiny Qwen2 model + tokenizer (save_pretrained), pretrained on the world's text
+                      when world.pretrain_tokens > 0 (services/world/pretrain.py)
 The real Qwen2.5 tokenizer (same for every config) is built once into ``{world.dir}/qwen2.5-tokenizer``.
 """
 
@@ -46,7 +47,7 @@ FORMAT_VERSION = 1  # bump when the layout of a built world changes
 # The code that generates a world's content: editing any of it gives a new key (a rebuild).
 _GENERATOR_MODULES = ("services/world/entities.py", "services/world/relations.py", "services/world/corpus.py",
                       "services/world/questions.py", "services/world/oracle.py", "services/world/tokenizer.py",
-                      "services/world/tiny_model.py", "services/search_tool/bm25_index.py",
+                      "services/world/tiny_model.py", "services/world/pretrain.py", "services/search_tool/bm25_index.py",
                       "services/search_tool/formatting.py", "services/common/turn_format.py")
 
 
@@ -102,10 +103,11 @@ def policy_dir(cfg: MempoConfig) -> Path:
     return model_path(cfg)
 
 
-def ensure_world(cfg: MempoConfig) -> None:
-    """Build the embedded world if any model, corpus or data path of ``cfg`` is 'world'."""
+def ensure_world(cfg: MempoConfig, progress: bool = True) -> None:
+    """Build the embedded world if any model, corpus or data path of ``cfg`` is 'world' (with a
+    progress bar: a first build that pretrains the base model takes minutes)."""
     if "world" in (cfg.model.path, cfg.search.corpus, cfg.train.data, cfg.train.sft_data, cfg.eval.data):
-        build_world(cfg, progress=False)
+        build_world(cfg, progress=progress)
 
 
 def data_path(cfg: MempoConfig, which: str) -> Path:
@@ -147,7 +149,7 @@ def build_world(cfg: MempoConfig, force: bool = False, progress: bool = True) ->
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     timings: dict[str, float] = {}
-    steps = tqdm(total=6, desc="building world", disable=not progress)
+    steps = tqdm(total=7, desc="building world", disable=not progress)
 
     def stage(name: str, t0: float) -> float:
         timings[name] = round(time.perf_counter() - t0, 3)
@@ -185,6 +187,15 @@ def build_world(cfg: MempoConfig, force: bool = False, progress: bool = True) ->
 
     save_tiny_model(cfg.model, tokenizer, tmp / "model")
     t = stage("model", t)
+
+    pretrain_stats = None
+    if cfg.world.pretrain_tokens > 0:  # the base the SFT cold start begins from (services/world/pretrain.py)
+        from services.world.pretrain import pretrain
+
+        docs = [r["contents"] for r in rows]
+        docs += [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in oracle]
+        pretrain_stats = pretrain(tmp / "model", docs, cfg.world, progress=progress)
+    t = stage("pretrain", t)
     steps.close()
 
     manifest = {
@@ -196,11 +207,12 @@ def build_world(cfg: MempoConfig, force: bool = False, progress: bool = True) ->
                    "companies": len(world.companies), "passages": len(rows), "train_prompts": len(train),
                    "test_prompts": len(test), "oracle_trajectories": len(oracle), "vocab_size": len(tokenizer)},
         "oracle_em": round(sum(r["em"] for r in oracle) / max(1, len(oracle)), 4),
+        "pretrain_tokens": pretrain_stats["tokens"] if pretrain_stats else 0,
         "world_config": cfg.world.model_dump(exclude={"dir"}),
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     # timings vary run to run, so they live apart from the (byte-deterministic) outputs
-    build_log = {"timings_s": timings, "build_s": round(time.perf_counter() - t_start, 3)}
+    build_log = {"timings_s": timings, "build_s": round(time.perf_counter() - t_start, 3), "pretrain": pretrain_stats}
     (tmp / "build_log.json").write_text(json.dumps(build_log, indent=1))
     if final.exists():  # force rebuild (or a concurrent builder finished first)
         shutil.rmtree(final)

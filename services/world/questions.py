@@ -2,7 +2,8 @@
 
 A *question* is one fact to find (1 hop: "Who founded Zentrix Labs?"; 2 hops: "In which city was
 the founder of Zentrix Labs born?"). A *prompt* joins k questions with "; " (the paper's
-multi-objective tasks). Train and test draw their questions from disjoint pools.
+multi-objective tasks). Train and test are entity-disjoint: no entity a test question asks about is
+named in any training question (``split_by_entity``).
 
 Parquet row (one prompt):
     data_source: "mempo_world"
@@ -58,11 +59,25 @@ def all_questions(world: World) -> tuple[list[Question], list[Question]]:
     return one, two
 
 
-def _split(pool: list[Question], share: float, rng: random.Random) -> tuple[list[Question], list[Question]]:
-    pool = pool[:]
-    rng.shuffle(pool)
-    n_test = max(1, int(len(pool) * share))
-    return pool[n_test:], pool[:n_test]
+def split_by_entity(one: list[Question], two: list[Question], share: float, rng: random.Random
+                    ) -> tuple[tuple[list[Question], list[Question]], tuple[list[Question], list[Question]]]:
+    """(train pools, test pools), entity-disjoint: a ``share`` of the entities that questions ask
+    about (first-hop subjects) is held out with every question about them, and no training question
+    names a held-out entity. So a held-out question can only be answered by searching, never by
+    recalling an answer seen in training."""
+    subjects = sorted({q.hops[0].subject for q in one + two})
+    rng.shuffle(subjects)
+    held = set(subjects[: max(1, int(len(subjects) * share))])
+
+    def is_test(q: Question) -> bool:
+        return q.hops[0].subject in held
+
+    def names_held(q: Question) -> bool:
+        return any(name in q.text for name in held)
+
+    train = tuple([q for q in pool if not is_test(q) and not names_held(q)] for pool in (one, two))
+    test = tuple([q for q in pool if is_test(q)] for pool in (one, two))
+    return train, test  # type: ignore[return-value]
 
 
 def make_prompts(pools: tuple[list[Question], list[Question]], count: int, ks: list[int], two_hop_share: float,
@@ -111,12 +126,11 @@ def build_question_sets(world: World, cfg: WorldConfig, system_prompt: str,
     """(train, test) DataFrames; test holds ``cfg.test_questions`` prompts for each k in test_objectives."""
     rng = random.Random(cfg.seed + 2)
     one, two = all_questions(world)
-    one_train, one_test = _split(one, cfg.test_share, rng)
-    two_train, two_test = _split(two, cfg.test_share, rng)
-    train_prompts = make_prompts((one_train, two_train), cfg.train_questions, cfg.train_objectives, cfg.two_hop_share, rng)
+    train_pools, test_pools = split_by_entity(one, two, cfg.test_share, rng)
+    train_prompts = make_prompts(train_pools, cfg.train_questions, cfg.train_objectives, cfg.two_hop_share, rng)
     test_prompts = []
     for k in cfg.test_objectives:
-        test_prompts += make_prompts((one_test, two_test), cfg.test_questions, [k], cfg.two_hop_share, rng)
+        test_prompts += make_prompts(test_pools, cfg.test_questions, [k], cfg.two_hop_share, rng)
     train = pd.DataFrame([prompt_row(p, "train", i, system_prompt, page_ids) for i, p in enumerate(train_prompts)])
     test = pd.DataFrame([prompt_row(p, "test", i, system_prompt, page_ids) for i, p in enumerate(test_prompts)])
     return train, test

@@ -45,8 +45,8 @@ def test_build_is_deterministic_and_cached(tmp_path):
 
 
 def test_build_under_a_minute(world):
-    manifest = load_manifest(world)
-    assert manifest["build_s"] < 60
+    manifest = load_manifest(world)  # not counting the optional pretraining of the base model
+    assert manifest["build_s"] - manifest["timings_s"].get("pretrain", 0.0) < 60
     assert manifest["counts"]["people"] >= 100 and manifest["counts"]["passages"] > 300
 
 
@@ -80,6 +80,24 @@ def test_question_sets_have_verl_layout(world, tiny_cfg):
     train_q = {q for e in train["extra_info"] for q in e["questions"]}
     test_q = {q for e in test["extra_info"] for q in e["questions"]}
     assert not train_q & test_q, "test questions leak into training"
+
+
+def test_held_out_split_is_entity_disjoint(world):
+    """No entity a held-out question asks about is named in any training question (or asked about
+    in one), so held-out EM cannot come from answers recalled from training."""
+    def asked(split):
+        df = pd.read_parquet(world / f"{split}.parquet")
+        return ({c[0]["subject"] for e in df["extra_info"] for c in json.loads(e["chains"])},
+                [q for e in df["extra_info"] for q in e["questions"]])
+
+    train_subjects, train_questions = asked("train")
+    test_subjects, test_questions = asked("test")
+    assert len(test_subjects) >= 20 and len(test_questions) >= 300
+    assert not train_subjects & test_subjects
+    named = [(name, q) for q in train_questions for name in test_subjects if name in q]
+    assert not named, f"held-out entities named in training questions: {named[:3]}"
+    oracle = read_jsonl(world / "oracle.jsonl")  # the SFT data asks only training questions
+    assert not [name for r in oracle for name in test_subjects if name in r["messages"][1]["content"]]
 
 
 def test_every_question_is_answerable_from_pages(tiny_cfg):
@@ -174,8 +192,8 @@ def test_world_tokenizer(world):
     ids = tok.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}],
                                   add_generation_prompt=True, tokenize=False)
     assert ids == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
-    enc = tok("<answer>\nGerkville\n</answer>", return_offsets_mapping=True, add_special_tokens=False)
-    assert enc["offset_mapping"][-1][1] == len("<answer>\nGerkville\n</answer>")
+    enc = tok("<answer> Gerkville </answer>", return_offsets_mapping=True, add_special_tokens=False)
+    assert enc["offset_mapping"][-1][1] == len("<answer> Gerkville </answer>")
 
 
 def test_world_build_also_provides_the_qwen_tokenizer(qwen_tokenizer):

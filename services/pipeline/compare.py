@@ -1,0 +1,112 @@
+"""``mempo compare``: the paper's comparison in miniature, from one SFT start.
+
+    mempo compare deploy/configs/tiny.yaml [key=value ...]      # or: make compare
+    -> <run_dir>/compare/{mempo,mem1,search_r1}/   one RL run each (metrics, checkpoints, policy)
+       <run_dir>/compare/report.md, eval.json, compare.png
+
+Three RL runs with the same steps, seed, prompts and budget, each starting from the same SFT policy
+(``<run_dir>/sft/model``, trained first if missing):
+
+    mempo      memory context (the previous turn only) + memory reward      (defaults)
+    mem1       memory context, no memory reward (MEM1-like)                 algorithm.use_memory_reward=false
+    search_r1  full history, no memory reward (Search-R1-like GRPO)         rollout.memory_window=full + the above
+
+Each variant is evaluated on the same held-out prompts (``eval.questions_per_k`` per k, greedy) by
+the pipeline it trained on, so it runs under its own context rule; the SFT start is evaluated once
+under MemPO's rule. The report gives EM with its 95% CI, F1, turns, total tokens (TT) and peak
+tokens (PT) per k, each variant's EM change against the start (paired bootstrap), and one plot
+with the variants' held-out EM and token curves.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from services.common.config import MempoConfig, load_config
+
+VARIANTS: dict[str, list[str]] = {
+    "mempo": [],
+    "mem1": ["algorithm.use_memory_reward=false"],
+    "search_r1": ["rollout.memory_window=full", "algorithm.use_memory_reward=false"],
+}
+
+
+def variant_config(path: str | None, overrides: list[str], name: str, sft: Path) -> MempoConfig:
+    base = load_config(path, overrides)
+    out = Path(base.train.run_dir) / "compare" / name
+    return load_config(path, overrides + VARIANTS[name] + [f"train.run_dir={out}", f"train.sft_dir={sft}",
+                                                          "train.init_from_sft=true"])
+
+
+def compare(path: str | None, overrides: list[str], variants: list[str] | None = None) -> dict[str, Path]:
+    from services.pipeline.evaluate import eval_prompts, run_eval
+    from services.pipeline.report import delta_table, markdown_table
+    from services.pipeline.sft import run_sft, sft_dir
+    from services.pipeline.train import train
+
+    names = variants or list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    base = load_config(path, overrides)
+    sft = sft_dir(base)
+    if not (sft / "config.json").is_file():
+        run_sft(base)
+    out_dir = Path(base.train.run_dir) / "compare"
+    prompts = eval_prompts(base, base.eval.questions_per_k)
+    runs = {}
+    for i, name in enumerate(names):
+        cfg = variant_config(path, overrides, name, sft)
+        pipe = train(cfg)["pipeline"]
+        try:
+            if i == 0:  # the common start, under the first variant's context rule
+                pipe.publish_model(str(sft), version=10_000)
+                runs["sft"] = run_eval(cfg, pipe, prompts)
+                pipe.publish_model(str(Path(cfg.train.run_dir) / "policy"), version=10_001)
+            runs[name] = run_eval(cfg, pipe, prompts)
+        finally:
+            pipe.shutdown()
+    results = {name: run.table() for name, run in runs.items()}
+    paths = {"report": out_dir / "report.md", "eval": out_dir / "eval.json", "plot": out_dir / "compare.png"}
+    paths["eval"].write_text(json.dumps({n: {str(k): v for k, v in t.items()} for n, t in results.items()}, indent=1))
+    plot_compare({n: out_dir / n / "metrics.jsonl" for n in names}, paths["plot"])
+    steps = base.train.steps
+    text = ["# mempo compare", "",
+            f"Same SFT start, {steps} RL steps each, seed {base.train.seed}; {base.eval.questions_per_k} held-out "
+            "prompts per k, one greedy episode each. TT = total tokens per task, PT = peak tokens of one turn.", "",
+            markdown_table(results), "", "## EM against the SFT start (paired bootstrap over prompts)", "",
+            delta_table(runs), "", "![held-out EM and tokens per variant](compare.png)", ""]
+    paths["report"].write_text("\n".join(text))
+    print(markdown_table(results), flush=True)
+    print(delta_table(runs), flush=True)
+    print("report: " + ", ".join(str(p) for p in paths.values()), flush=True)
+    return paths
+
+
+def plot_compare(metrics: dict[str, Path], out: Path) -> Path:
+    """Held-out EM (periodic evals), peak and total tokens per step, one line per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from services.pipeline.runlog import read_rows
+
+    panels = (("held-out EM", "eval", "em"), ("peak tokens per turn (train)", "train", "rollout/peak_tokens_mean"),
+              ("total tokens per episode (train)", "train", "rollout/total_tokens_mean"))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, (title, kind, key) in zip(axes, panels):
+        for name, path in metrics.items():
+            rows = read_rows(path, kind) if path.is_file() else []
+            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", markersize=3, label=name)
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,45 @@
+"""`mempo compare` wiring at a tiny scale: one RL step per variant from one SFT start, one report."""
+
+import json
+
+import pytest
+
+from services.common.config import load_config
+from services.pipeline.compare import VARIANTS, compare, variant_config
+from services.pipeline.runlog import read_rows
+
+pytestmark = pytest.mark.slow
+
+
+def test_variant_configs_differ_only_in_what_the_baseline_changes(tmp_path):
+    sft = tmp_path / "sft"
+    cfgs = {n: variant_config("deploy/configs/tiny.yaml", [f"train.run_dir={tmp_path}"], n, sft) for n in VARIANTS}
+    assert {n: (c.rollout.memory_window, c.algorithm.use_memory_reward) for n, c in cfgs.items()} == {
+        "mempo": (1, True), "mem1": (1, False), "search_r1": ("full", False)}
+    for n, c in cfgs.items():
+        assert c.train.run_dir == str(tmp_path / "compare" / n) and c.train.sft_dir == str(sft)
+        assert (c.train.steps, c.train.seed, c.rollout.n) == (cfgs["mempo"].train.steps, cfgs["mempo"].train.seed,
+                                                              cfgs["mempo"].rollout.n)
+
+
+def test_compare_one_step_each(serve_http, grammar_model, world, tmp_path):
+    port = int(serve_http.rsplit(":", 1)[1])
+    overrides = [
+        "ray.app_prefix=cmp-", f"ray.http_port={port}", f"train.run_dir={tmp_path}", f"train.sft_dir={grammar_model}",
+        "train.steps=1", "train.prompts_per_step=2", "train.eval_every=1", "rollout.n=2", "rollout.max_turns=2",
+        "rollout.max_response_tokens=48", "rollout.num_cpus=0.2", "search.num_cpus=0.05", "scorer.num_cpus=0.1",
+        "learner.num_cpus_per_worker=0.1", "learner.kl_coef=0", "learner.checkpoint_every=100",
+        "eval.objectives=[1]", "eval.questions_per_k=2", "eval.during_training_per_k=1"]
+    paths = compare("deploy/configs/tiny.yaml", overrides)
+    results = json.loads(paths["eval"].read_text())
+    assert list(results) == ["sft", "mempo", "mem1", "search_r1"]
+    for name, table in results.items():
+        assert table["1"]["episodes"] == 2.0 and 0.0 <= table["1"]["em"] <= 1.0
+    for name in VARIANTS:
+        assert [r["step"] for r in read_rows(tmp_path / "compare" / name / "metrics.jsonl", "train")] == [1]
+        deployed = load_config(tmp_path / "compare" / name / "pipeline.yaml")
+        assert deployed.model.path == str(grammar_model)  # every variant started from the same policy
+    report = paths["report"].read_text()
+    for name in ("sft", "mempo", "mem1", "search_r1"):
+        assert f"| {name} | 1 |" in report
+    assert paths["plot"].stat().st_size > 10_000
