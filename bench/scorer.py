@@ -24,13 +24,36 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def naive_padded(model, scorer, batch) -> tuple[list[float], int]:
-    """The reference's scoring: 2 padded sequences per block. Returns (r_mem per block, tokens)."""
+def padded_logprobs(model, contexts: list[list[int]], continuation: list[int]) -> tuple[list, int]:
+    """log p(continuation[j] | context + continuation[:j]) after each context, the reference's way:
+    the (context + continuation) sequences right-padded to one length and run as one batch.
+    Returns (one numpy array per context, tokens through the model incl. padding)."""
     import torch
 
+    device = next(model.parameters()).device
+    seqs = [c + continuation for c in contexts]
+    length = max(map(len, seqs))
+    ids = torch.zeros((len(seqs), length), dtype=torch.long)
+    att = torch.zeros((len(seqs), length), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        att[i, : len(s)] = 1
+    with torch.no_grad():
+        logits = model(input_ids=ids.to(device), attention_mask=att.to(device), use_cache=False).logits
+        target = torch.tensor(continuation, device=device)[:, None]
+        out = []
+        for i, ctx in enumerate(contexts):  # log_softmax of the continuation's predictor positions only
+            rows = logits[i, len(ctx) - 1 : len(ctx) + len(continuation) - 1].float()
+            out.append(torch.log_softmax(rows, -1).gather(-1, target)[:, 0].cpu().numpy())
+    return out, len(seqs) * length
+
+
+def naive_padded(model, scorer, batch) -> tuple[list[float], int, list[tuple]]:
+    """The reference's scoring: 2 padded sequences per block. Returns (r_mem per block, tokens,
+    (full, mem) answer-token log-probs per block), blocks in ``score_trajectories`` order."""
     from services.scorer.continuation import gold_text
 
-    rewards, tokens = [], 0
+    rewards, tokens, logprobs = [], 0, []
     for group in batch.groups:
         cont = scorer.continuation(gold_text(group.prompt.golds, scorer.cfg.gold_joiner))
         a0, a1 = cont.answer_start, cont.answer_end
@@ -40,22 +63,12 @@ def naive_padded(model, scorer, batch) -> tuple[list[float], int]:
                     continue
                 full = ep.full_ids[: t.full_prefix_len].tolist()
                 mem = ep.prompt_ids.tolist() + t.response_ids[t.mem_start : t.mem_end].tolist()
-                seqs = [full + cont.ids, mem + cont.ids]
-                length = max(map(len, seqs))
-                ids = torch.zeros((2, length), dtype=torch.long)
-                att = torch.zeros((2, length), dtype=torch.long)
-                for i, s in enumerate(seqs):
-                    ids[i, : len(s)] = torch.tensor(s)
-                    att[i, : len(s)] = 1
-                with torch.no_grad():
-                    logp = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits.float(), -1)
-                tokens += 2 * length
-                lps = []
-                for i, ctx in enumerate((full, mem)):
-                    pos = torch.arange(len(ctx) + a0 - 1, len(ctx) + a1 - 1)
-                    lps.append(logp[i, pos].gather(-1, torch.tensor(cont.ids[a0:a1])[:, None])[:, 0].numpy())
+                lps, n = padded_logprobs(model, [full, mem], cont.ids)
+                tokens += n
+                lps = [lp[a0:a1] for lp in lps]
+                logprobs.append(tuple(lps))
                 rewards.append(scorer.reward(lps[0], lps[1]).r_mem)
-    return rewards, tokens
+    return rewards, tokens, logprobs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return min(times), out
 
     packed_s, packed = best(lambda: scorer.score_trajectories(batch, 0))
-    naive_s, (naive_r, naive_tokens) = best(lambda: naive_padded(model, scorer, batch))
+    naive_s, (naive_r, naive_tokens, _) = best(lambda: naive_padded(model, scorer, batch))
     np.testing.assert_allclose([s.r_mem for s in packed.scores], naive_r, atol=1e-4)
     blocks = len(packed.scores)
     print(f"scorer bench: token budget {cfg.scorer.token_budget}, 1 group, n={args.n} episodes, turns/episode {np.mean([len(e.turns) for e in eps]):.2f}, "
