@@ -36,8 +36,19 @@ def _reference_span(tok, cont, gold):
     return len(cont.ids) - (len(core) + 4), len(cont.ids) - 4  # ans_mask[-(len(core)+4):-4]
 
 
+# The reference's own layout (answer on its own line); our default puts it inline, as the policy writes it.
+REFERENCE_TEMPLATE = ("\n<think>\nI have sufficient information to provide the final answers.\n</think>\n"
+                      "<answer>\n{gold}\n</answer>")
+
+
+@pytest.mark.parametrize("template", [REFERENCE_TEMPLATE, DEFAULT_ANSWER_TEMPLATE])
+def test_span_covers_exactly_the_gold_in_both_layouts(tok, template):
+    c = build_continuation(tok, template, "Reed College")
+    assert tok.decode(c.answer_ids).strip() == "Reed College"
+
+
 def test_agrees_with_the_reference_where_its_assumption_holds(tok):
-    c = build_continuation(tok, DEFAULT_ANSWER_TEMPLATE, "Reed College")
+    c = build_continuation(tok, REFERENCE_TEMPLATE, "Reed College")
     assert (c.answer_start, c.answer_end) == _reference_span(tok, c, "Reed College")
 
 
