@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 # The answer continuation appended to both the memory and the full context when scoring a <mem>
 # block (docs/algorithm.md, section 4). ``{gold}`` is replaced by the gold answer(s). The answer sits inline,
@@ -74,6 +74,7 @@ class WorldConfig(_Section):
     two_hop_share: float = Field(0.5, ge=0.0, le=1.0, description="Share of questions that need two hops.")
     oracle_trajectories: int = Field(10000, ge=0, description="Oracle (SFT cold-start) trajectories from training prompts (the paper distils ~10k).")
     oracle_imperfect_share: float = Field(0.2, ge=0.0, le=1.0, description="Share of oracle trajectories with imperfect behaviour (sloppy memory, redundant search, early answer).")
+    name_pool: int = Field(0, ge=0, description="Words per name inventory (given names, family names, company/university stems); names combine them, as real names reuse words. 0 = every name word is new (each entity's name is a token seen only with it).")
     tokenizer_vocab_size: int = Field(2048, ge=300, description="Vocabulary size of the world's byte-level BPE tokenizer (an upper bound: BPE stops when no pair repeats).")
     pretrain_tokens: int = Field(0, ge=0, description="Tokens of causal-LM pretraining of the tiny model on the world's passages and oracle transcripts, once per world, before SFT (0 = the random-init model). Builds the copy skill a real pretrained base has.")
     pretrain_seq_len: int = Field(512, ge=16, description="Pretraining block length (documents joined with <|endoftext|>, no padding).")

@@ -117,11 +117,27 @@ class _Names:
         raise RuntimeError("could not draw a unique name; enlarge the syllable inventory")
 
 
+class _Pool:
+    """A fixed inventory of name words (given names, family names, company and university stems):
+    with ``size`` > 0 every name is a combination of pool words, as real names reuse words, so
+    every name token is common and a new entity is a new combination of known tokens. With 0, every
+    name word is drawn fresh (each entity's name is a token the model sees only with that entity)."""
+
+    def __init__(self, names: _Names, size: int, syllables: tuple[int, int]):
+        self.names, self.syllables = names, syllables
+        self.words = [names.unique(lambda: names.word(syllables)) for _ in range(size)]
+
+    def word(self) -> str:
+        return self.names.rng.choice(self.words) if self.words else self.names.word(self.syllables)
+
+
 def generate_world(cfg: WorldConfig) -> World:
     """Draw the whole graph from ``cfg.seed`` (deterministic)."""
     rng = random.Random(cfg.seed)
     names = _Names(rng)
     w = World(seed=cfg.seed)
+    given, family = _Pool(names, cfg.name_pool, (1, 2)), _Pool(names, cfg.name_pool, (2, 3))
+    stems = _Pool(names, cfg.name_pool, (2, 2))
 
     for _ in range(cfg.num_countries):
         w.countries.append(Country(names.unique(lambda: names.word((1, 2)) + rng.choice(_COUNTRY_SUFFIX))))
@@ -133,16 +149,16 @@ def generate_world(cfg: WorldConfig) -> World:
     for _ in range(cfg.num_universities):
         city = rng.choice(w.cities)
         form = rng.choice(_UNI_FORMS)
-        w.universities.append(University(names.unique(lambda: form.format(n=names.word((2, 2)))), city.name,
+        w.universities.append(University(names.unique(lambda: form.format(n=stems.word())), city.name,
                                          rng.randint(1600, 1990)))
     for _ in range(cfg.num_people):
-        name = names.unique(lambda: f"{names.word((1, 2))} {names.word((2, 3))}")
+        name = names.unique(lambda: f"{given.word()} {family.word()}")
         w.people.append(Person(name, rng.choice(w.cities).name, rng.randint(1900, 1999),
                                rng.choice(w.universities).name, rng.choice(PROFESSIONS)))
     for _ in range(cfg.num_companies):
         suffix = rng.choice(_COMPANY_SUFFIX)
         founder = rng.choice(w.people)
-        w.companies.append(Company(names.unique(lambda: f"{names.word((2, 2))} {suffix}"), founder.name,
+        w.companies.append(Company(names.unique(lambda: f"{stems.word()} {suffix}"), founder.name,
                                    rng.choice(w.cities).name, rng.randint(founder.birth_year + 20, 2020),
                                    INDUSTRIES[suffix]))
     return w
