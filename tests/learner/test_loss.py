@@ -57,3 +57,40 @@ def test_gradient_flows_only_through_counted_tokens():
     loss, _ = policy_loss(logp, torch.zeros(1, 3, dtype=torch.float64), t([[1.0, 1.0, 1.0]]), t([[1, 0, 1]]))
     loss.backward()
     assert logp.grad[0, 1].item() == 0.0 and logp.grad[0, 0].item() != 0.0
+
+
+BAD = [float("nan"), float("inf"), -float("inf"), 1e30, -1e30]
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("bad", BAD)
+def test_masked_positions_never_contribute_nan(agg, bad):
+    mask = t([[1, 0, 1], [0, 0, 1]])
+    clean = policy_loss(t([[-1.0, -2.0, -0.5], [-1.0, -1.0, -0.3]]), t([[-1.1, -2.0, -0.4], [-1.0, -1.0, -0.2]]),
+                        t([[1.0, 1.0, -1.0], [1.0, 1.0, 0.5]]), mask, agg=agg)[0]
+    # garbage at every masked position: in logp, old log-probs and advantages alike
+    logp = torch.tensor([[-1.0, bad, -0.5], [bad, bad, -0.3]], dtype=torch.float64, requires_grad=True)
+    loss, m = policy_loss(logp, t([[-1.1, bad, -0.4], [bad, -1.0, -0.2]]), t([[1.0, bad, -1.0], [bad, 1.0, 0.5]]),
+                          mask, agg=agg)
+    assert torch.isfinite(loss) and loss.item() == pytest.approx(clean.item())
+    assert all(math.isfinite(v) for v in m.values())
+    loss.backward()
+    assert torch.isfinite(logp.grad).all() and logp.grad[0, 1] == 0 and logp.grad[1, 0] == 0
+    assert torch.isfinite(aggregate(t([[1.0, bad]]), t([[1, 0]]), agg))
+    if not math.isnan(bad):  # the KL estimate of an infinite or huge log-ratio is clamped, as verl's
+        assert torch.isfinite(kl_penalty(t([bad]), t([0.0]))).all()
+
+
+@pytest.mark.parametrize("logp_value,old_value", [(-float("inf"), -1.0), (-1e30, -1.0), (0.0, -1e30), (-1.0, -float("inf"))])
+def test_extreme_log_probs_at_counted_tokens_stay_finite(logp_value, old_value):
+    """The log-ratio is clamped to [-20, 20] before exp (as verl), so the ratio never overflows."""
+    logp = torch.tensor([[logp_value, -1.0]], dtype=torch.float64, requires_grad=True)
+    for adv in (1.0, -1.0):
+        loss, m = policy_loss(logp, t([[old_value, -1.0]]), t([[adv, adv]]), t([[1, 1]]), 0.2, 0.2, 3.0, "token-mean")
+        assert torch.isfinite(loss) and all(math.isfinite(v) for v in m.values())
+        loss.backward()
+        assert torch.isfinite(logp.grad).all()
+        logp.grad = None
+    ratio = math.exp(max(-20.0, min(20.0, logp_value - old_value)))
+    assert m["ratio_mean"] == pytest.approx((ratio + 1.0) / 2)
+    assert torch.isfinite(kl_penalty(t([logp_value]), t([old_value]), "low_var_kl")).all()
