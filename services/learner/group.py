@@ -56,7 +56,7 @@ class LearnerGroup:
         if "abs_diff" in out:
             out["logprob_abs_diff_mean"] = out.pop("abs_diff")
             out["logprob_max_ratio"] = math.exp(max(p["max_abs_diff"] for p in parts))
-        for k in ("grad_norm", "lr"):
+        for k in ("grad_norm", "lr", "skipped_steps"):
             if k in parts[0]:
                 out[k] = parts[0][k]
         out["seconds"] = max(p["seconds"] for p in parts)

@@ -11,6 +11,7 @@ Driven by ``services/learner/group.py``; not meant to be called by hand.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -77,6 +78,7 @@ class LearnerWorker:
         warm = max(1, lc.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lambda s: min(1.0, (s + 1) / warm))
         self.step = 0
+        self.skipped_steps = 0  # updates not applied because the loss or the gradient norm was not finite
 
     def ready(self) -> int:
         return self.rank
@@ -86,15 +88,22 @@ class LearnerWorker:
     def _micro(self, batch: TrainingBatch) -> list[MicroBatch]:
         return micro_batches(batch, self.cfg.learner.micro_token_budget, self.rank, self.world)
 
-    def _finish_step(self, lr_key: str = "lr") -> dict:
+    def _finish_step(self, lr_key: str = "lr", loss: float = 0.0) -> dict:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.grad_clip)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         lr = self.sched.get_last_lr()[0]
-        self.optim.step()
-        self.sched.step()
+        # A non-finite loss (this rank's part) or gradient norm on any rank skips the update on every
+        # rank: weights, optimizer state and lr schedule stay as they were; the step is counted.
+        bad = torch.tensor(0.0 if math.isfinite(loss) and bool(torch.isfinite(norm)) else 1.0, device=norm.device)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item():
+            self.skipped_steps += 1
+        else:
+            self.optim.step()
+            self.sched.step()
         self.optim.zero_grad(set_to_none=True)
         self.step += 1
-        return {"grad_norm": float(norm), lr_key: lr}
+        return {"grad_norm": float(norm), lr_key: lr, "skipped_steps": float(self.skipped_steps)}
 
     def train_step(self, payload: bytes) -> dict:
         """One PPO/GRPO update on the whole batch (gradient accumulation over micro-batches)."""
@@ -131,7 +140,7 @@ class LearnerWorker:
             sums["tokens"] += n
             sums["clip"] += m["clip_frac"] * n
             sums["dual_clip"] += m["dual_clip_frac"] * n
-        sums.update(self._finish_step())
+        sums.update(self._finish_step(loss=sums["pg_loss"] + lc.kl_coef * sums["kl"]))
         sums["seconds"] = time.perf_counter() - t0
         return sums
 
@@ -148,7 +157,7 @@ class LearnerWorker:
             (loss * self.world).backward()
             loss_sum += float(loss)
             n += float(mb.loss_mask.sum())
-        out = {"sft_loss": loss_sum, "tokens": n, **self._finish_step()}
+        out = {"sft_loss": loss_sum, "tokens": n, **self._finish_step(loss=loss_sum)}
         out["seconds"] = time.perf_counter() - t0
         return out
 
