@@ -76,7 +76,7 @@ def qwen_tokenizer(world, tiny_cfg):
     """The real Qwen2.5 tokenizer, built offline with the world (cached beside it)."""
     from transformers import AutoTokenizer
 
-    from services.world.build import qwen_tokenizer_path
+    from services.common.paths import qwen_tokenizer_path
 
     return AutoTokenizer.from_pretrained(str(qwen_tokenizer_path(tiny_cfg)))
 

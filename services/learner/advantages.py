@@ -25,7 +25,7 @@ import numpy as np
 
 from services.common.config import AlgorithmConfig
 from services.common.messages import Episode, MemoryScoreBatch, TrajectoryBatch
-from services.learner.rewards import multi_objective_em, multi_objective_f1
+from services.common.rewards import multi_objective_em, multi_objective_f1
 
 
 def format_valid(ep: Episode) -> bool:

@@ -29,6 +29,7 @@ from ray import serve
 from services.common.codec import decode
 from services.common.config import MempoConfig, replica_config
 from services.common.messages import MemoryScoreBatch, TrainingBatch, TrajectoryBatch
+from services.common.paths import model_path
 
 log = logging.getLogger("mempo.learner")
 
@@ -75,10 +76,9 @@ class LearnerService:
     def __init__(self, config: dict):
         from services.learner.group import LearnerGroup
         from services.learner.publish import ObjectStorePublisher
-        from services.world.build import policy_dir
 
         self.cfg = MempoConfig.model_validate(config)
-        self.model_dir = str(policy_dir(self.cfg))
+        self.model_dir = str(model_path(self.cfg))
         self.group = LearnerGroup(self.cfg, self.model_dir)
         resumed = self.group.resume(self.cfg.train.run_dir)
         self.step_no = resumed["step"] if resumed else 0

@@ -124,8 +124,9 @@ class Pipeline:
 
         from services.rollout.driver import RolloutDriver
         from services.scorer.driver import ScorerDriver
+        from services.world.build import prepare_world
 
-        cfg = wired(cfg)
+        cfg = wired(prepare_world(cfg))  # the world is built here, once; replicas get concrete paths
         connect(cfg)
         if not cfg.ray.address:  # a cluster with an autoscaler may grow; a local one will not
             check_resources(cfg, services)

@@ -44,6 +44,7 @@ def compare(path: str | None, overrides: list[str], variants: list[str] | None =
     from services.pipeline.report import delta_table, markdown_table
     from services.pipeline.sft import run_sft, sft_dir
     from services.pipeline.train import train
+    from services.world.build import prepare_world
 
     names = variants or list(VARIANTS)
     unknown = [n for n in names if n not in VARIANTS]
@@ -54,7 +55,7 @@ def compare(path: str | None, overrides: list[str], variants: list[str] | None =
     if not (sft / "config.json").is_file():
         run_sft(base)
     out_dir = Path(base.train.run_dir) / "compare"
-    prompts = eval_prompts(base, base.eval.questions_per_k)
+    prompts = eval_prompts(prepare_world(base), base.eval.questions_per_k)
     runs = {}
     for i, name in enumerate(names):
         cfg = variant_config(path, overrides, name, sft)

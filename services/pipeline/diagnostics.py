@@ -25,7 +25,7 @@ import numpy as np
 
 from services.common.messages import Episode, Prompt
 from services.learner.advantages import format_valid, outcome_reward
-from services.learner.rewards import normalize_answer
+from services.common.rewards import normalize_answer
 
 
 def prompt_entities(prompt: Prompt) -> list[str]:

@@ -40,13 +40,12 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool) -> int:
     from services.pipeline.apps import Pipeline
     from services.pipeline.evaluate import eval_prompts, run_eval as run_pass
     from services.pipeline.report import diagnostics_table, markdown_table, write_report
-    from services.world.build import ensure_world
+    from services.world.build import prepare_world
 
     policies = parse_policies(specs or default_policies(cfg))
     if not policies:
         raise FileNotFoundError(f"nothing to evaluate: no --policy given and no sft/rl policy in {cfg.train.run_dir}")
-    ensure_world(cfg)
-    cfg = cfg.model_copy(deep=True)
+    cfg = prepare_world(cfg).model_copy(deep=True)
     cfg.model.path = next(iter(policies.values()))  # the engines start on the first policy's weights
     prompts = eval_prompts(cfg, cfg.eval.questions_per_k)
     pipe = Pipeline.start(cfg, ("search", "rollout", "scorer"))

@@ -32,6 +32,7 @@ from services.common.codec import decode
 from services.common.config import MempoConfig
 from services.common.data import load_prompts
 from services.common.messages import MemoryScoreBatch, Prompt, PromptBatch, TrajectoryBatch
+from services.common.paths import data_path, model_path
 from services.pipeline.diagnostics import episode_row
 from services.pipeline.stats import bootstrap_ci
 
@@ -43,8 +44,6 @@ SAMPLES_PER_K = 3  # complete decoded episodes kept per k for samples.md
 
 
 def eval_prompts(cfg: MempoConfig, per_k: int) -> dict[int, list[Prompt]]:
-    from services.world.build import data_path
-
     ks = cfg.eval.objectives or cfg.world.test_objectives
     out = {k: load_prompts(data_path(cfg, "test"), k=k, limit=per_k) for k in ks}
     empty = [k for k, v in out.items() if not v]
@@ -91,8 +90,6 @@ def _mean(values: list[float]) -> float:
 
 
 def run_eval(cfg: MempoConfig, pipe, prompts: dict[int, list[Prompt]], step: int = 0, search: bool = True) -> EvalRun:
-    from services.world.build import model_path
-
     tok = _tokenizer(str(model_path(cfg)))
     dec = (lambda ids: tok.decode(ids, skip_special_tokens=True))
     ordered = [p for k in sorted(prompts) for p in prompts[k]]

@@ -11,7 +11,9 @@ Each service is its own application, built from a mempo config file plus overrid
 The Serve config file's own ``deployments:`` entries (num_replicas, autoscaling_config,
 ray_actor_options, user_config) override what the mempo config set. Relative paths (the config
 file, world.dir, train.run_dir, model.path, data and index paths) resolve against the project root,
-because replicas do not run in the directory ``serve deploy`` was called from.
+because replicas do not run in the directory ``serve deploy`` was called from. Each builder
+builds the embedded world if the config uses it (the first one does; the others find it cached)
+and deploys the config with concrete paths, as ``mempo train`` does.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def config_from_args(args: dict | None) -> MempoConfig:
 
 def _build(service: str, args: dict | None):
     from services.pipeline.apps import application, wired
+    from services.world.build import prepare_world
 
-    return application(wired(config_from_args(args)), service)
+    return application(wired(prepare_world(config_from_args(args), progress=False)), service)
 
 
 def search(args: dict | None = None):

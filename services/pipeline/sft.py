@@ -83,10 +83,10 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     from services.learner.group import LearnerGroup
     from services.pipeline.apps import connect
     from services.pipeline.runlog import RunLog
-    from services.world.build import data_path, ensure_world, model_path
+    from services.common.paths import data_path, model_path
+    from services.world.build import prepare_world
 
-    ensure_world(cfg)
-    cfg = cfg.model_copy(deep=True)
+    cfg = prepare_world(cfg).model_copy(deep=True)
     cfg.learner.kl_coef = 0.0  # no reference model in SFT
     source = str(model_path(cfg))
     tokenizer = AutoTokenizer.from_pretrained(source)

@@ -23,11 +23,12 @@ from tqdm import tqdm
 from services.common.config import MempoConfig, to_yaml
 from services.common.data import PromptStream, load_prompts
 from services.common.messages import PromptBatch
+from services.common.paths import data_path
 from services.pipeline.apps import Pipeline
 from services.pipeline.evaluate import eval_prompts, evaluate, flatten
 from services.pipeline.runlog import RunLog
 from services.pipeline.sft import sft_dir
-from services.world.build import data_path, ensure_world
+from services.world.build import prepare_world
 
 
 def starting_policy(cfg: MempoConfig) -> MempoConfig:
@@ -55,8 +56,7 @@ def stage_times(t: list[float], stats: dict) -> dict:
 
 
 def train(cfg: MempoConfig) -> dict:
-    ensure_world(cfg)
-    cfg = starting_policy(cfg)
+    cfg = starting_policy(prepare_world(cfg))  # builds the embedded world if the config uses it
     run_dir = Path(cfg.train.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     pipe = Pipeline.start(cfg)  # search, rollout, scorer, learner: each its own Serve application

@@ -26,6 +26,7 @@ from ray import serve
 from services.common.codec import decode, encode
 from services.common.config import MempoConfig, replica_config
 from services.common.messages import PromptBatch, WeightUpdate
+from services.common.paths import model_path
 
 log = logging.getLogger("mempo.rollout")
 
@@ -38,10 +39,9 @@ class RolloutService:
         from services.rollout.agent import AgentLoop
         from services.rollout.engine import PolicyEngine
         from services.search_tool.client import SearchClient
-        from services.world.build import policy_dir
 
         cfg = MempoConfig.model_validate(config)
-        model_dir = policy_dir(cfg)
+        model_dir = model_path(cfg)
         self.engine = PolicyEngine(cfg, model_dir)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         search = SearchClient.from_handle(serve.get_deployment_handle("search", app_name=cfg.rollout.search_app),

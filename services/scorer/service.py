@@ -83,11 +83,11 @@ class ScorerService:
     def __init__(self, config: dict):
         from transformers import AutoTokenizer
 
+        from services.common.paths import model_path
         from services.scorer.scorer import MemoryScorer
-        from services.world.build import policy_dir
 
         self.cfg = MempoConfig.model_validate(config)
-        self.model_dir = str(policy_dir(self.cfg))
+        self.model_dir = str(model_path(self.cfg))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.scorer = MemoryScorer(_load_model(self.model_dir, self.cfg.model.dtype), self.tokenizer, self.cfg)
         self.version = 0

@@ -3,9 +3,9 @@
     index = load_backend(cfg)          # BM25Index or DenseIndex; both have .search(queries, topk)
     build_index(rows, "dense", out_dir, encoder_path="path/to/e5")   # what `mempo index` runs
 
-``search.corpus: world`` with ``search.index_dir`` empty uses the embedded world's BM25 index.
-Another corpus gets its index in ``search.index_dir`` (default ``<corpus>.<backend>/``), built on
-first use if missing.
+``search.corpus: world`` with ``search.index_dir`` empty uses the embedded world's BM25 index
+(which must be built: the pipeline builds the world before it deploys search). Another corpus gets
+its index in ``search.index_dir`` (default ``<corpus>.<backend>/``), built on first use if missing.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol, Union
 
 from services.common.config import MempoConfig
+from services.common.paths import corpus_path, index_dir
 from services.search_tool.bm25_index import BM25Index
 from services.search_tool.dense_index import DenseIndex, TextEncoder
 
@@ -28,17 +29,6 @@ class Searcher(Protocol):
     def search(self, queries: list[str], topk: int = 3) -> list[list[tuple[dict, float]]]: ...
 
     def __len__(self) -> int: ...
-
-
-def index_dir(cfg: MempoConfig) -> Path:
-    s = cfg.search
-    if s.index_dir:
-        return Path(s.index_dir)
-    if s.corpus == "world":
-        from services.world.build import world_dir
-
-        return world_dir(cfg) / "index" / s.backend
-    return Path(f"{s.corpus}.{s.backend}")
 
 
 def _encoder(cfg: MempoConfig) -> TextEncoder:
@@ -65,11 +55,7 @@ def build_index(rows: list[dict], backend: str, out: Path, encoder: TextEncoder 
 
 def load_backend(cfg: MempoConfig, build_missing: bool = True) -> SearchBackend:
     """Load the configured index (building it from the corpus first if it is missing)."""
-    from services.world.build import build_world, corpus_path
-
     s = cfg.search
-    if s.corpus == "world":
-        build_world(cfg, progress=False)
     path = index_dir(cfg)
     encoder = _encoder(cfg) if s.backend == "dense" else None
     marker = "corpus.jsonl"

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    from services.world.build import build_world, load_manifest, world_dir
+    from services.common.paths import world_dir
+    from services.world.build import build_world, load_manifest
 
     if cmd == "path":
         print(world_dir(cfg))

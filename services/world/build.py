@@ -1,8 +1,9 @@
 """Build (or find cached) the embedded world: graph, corpus, index, questions, SFT data, tokenizer, model.
 
 Everything is generated from the config's seeds (nothing is downloaded) into
-``{world.dir}/{key}/`` where ``key`` hashes every setting that changes the output, so a changed
-config builds a new world and an unchanged one is reused. A build writes into a temporary folder
+``{world.dir}/{key}/`` where ``key`` hashes every setting and generator module that changes the
+output (services/common/paths.py, which also looks the built files up), so a changed config
+builds a new world and an unchanged one is reused. A build writes into a temporary folder
 and renames it when complete, so a killed build never leaves a half world behind.
 
     python -m services.world build [deploy/configs/tiny.yaml] [world.seed=3 ...]
@@ -23,7 +24,6 @@ The real Qwen2.5 tokenizer (same for every config) is built once into ``{world.d
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from services.common.config import MempoConfig
 from services.common.jsonl import write_jsonl
+from services.common.paths import FORMAT_VERSION, is_built, qwen_tokenizer_path, resolved, uses_world, world_dir
 from services.search_tool.bm25_index import BM25Index
 from services.world.corpus import build_corpus
 from services.world.entities import generate_world
@@ -43,78 +44,15 @@ from services.world.oracle import BEHAVIOURS, OracleAgent
 from services.world.questions import build_question_sets, questions_of
 
 log = logging.getLogger("mempo.world")
-FORMAT_VERSION = 1  # bump when the layout of a built world changes
-# The code that generates a world's content: editing any of it gives a new key (a rebuild).
-_GENERATOR_MODULES = ("services/world/entities.py", "services/world/relations.py", "services/world/corpus.py",
-                      "services/world/questions.py", "services/world/oracle.py", "services/world/tokenizer.py",
-                      "services/world/tiny_model.py", "services/world/pretrain.py", "services/search_tool/bm25_index.py",
-                      "services/search_tool/formatting.py", "services/common/turn_format.py")
 
 
-def _generator_digest() -> str:
-    root = Path(__file__).resolve().parents[2]
-    h = hashlib.sha256()
-    for rel in _GENERATOR_MODULES:
-        h.update((root / rel).read_bytes())
-    return h.hexdigest()
-
-
-def world_key(cfg: MempoConfig) -> str:
-    """Hash of everything that shapes the built world."""
-    shape = {
-        "format": FORMAT_VERSION,
-        "code": _generator_digest(),
-        "world": cfg.world.model_dump(exclude={"dir"}),
-        "model": cfg.model.model_dump(exclude={"path", "dtype"}),
-        "system_prompt": cfg.rollout.system_prompt,
-        "topk": cfg.search.topk,
-        "max_turns": cfg.rollout.max_turns,
-        "doc_format": cfg.search.doc_format,
-    }
-    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def world_dir(cfg: MempoConfig) -> Path:
-    return Path(cfg.world.dir) / world_key(cfg)
-
-
-def is_built(path: Path) -> bool:
-    return (path / "manifest.json").is_file()
-
-
-def model_path(cfg: MempoConfig) -> Path:
-    """The policy model directory: the world's tiny model unless ``model.path`` names another."""
-    return world_dir(cfg) / "model" if cfg.model.path == "world" else Path(cfg.model.path)
-
-
-def qwen_tokenizer_path(cfg: MempoConfig) -> Path:
-    """The real Qwen2.5 tokenizer (for tests and GPU recipes), built offline beside the worlds."""
-    return Path(cfg.world.dir) / "qwen2.5-tokenizer"
-
-
-def corpus_path(cfg: MempoConfig) -> Path:
-    return world_dir(cfg) / "corpus.jsonl" if cfg.search.corpus == "world" else Path(cfg.search.corpus)
-
-
-def policy_dir(cfg: MempoConfig) -> Path:
-    """``model_path``, building the embedded world first when the policy is its tiny model."""
-    if cfg.model.path == "world":
-        build_world(cfg, progress=False)
-    return model_path(cfg)
-
-
-def ensure_world(cfg: MempoConfig, progress: bool = True) -> None:
+def prepare_world(cfg: MempoConfig, progress: bool = True) -> MempoConfig:
     """Build the embedded world if any model, corpus or data path of ``cfg`` is 'world' (with a
-    progress bar: a first build that pretrains the base model takes minutes)."""
-    if "world" in (cfg.model.path, cfg.search.corpus, cfg.train.data, cfg.train.sft_data, cfg.eval.data):
+    progress bar: a first build that pretrains the base model takes minutes) and return ``cfg``
+    with those paths made concrete: what the pipeline deploys, so no replica builds or looks up."""
+    if uses_world(cfg):
         build_world(cfg, progress=progress)
-
-
-def data_path(cfg: MempoConfig, which: str) -> Path:
-    """train / test prompts and SFT trajectories: the world's files unless the config names others."""
-    value, name = {"train": (cfg.train.data, "train.parquet"), "test": (cfg.eval.data, "test.parquet"),
-                   "sft": (cfg.train.sft_data, "oracle.jsonl")}[which]
-    return world_dir(cfg) / name if value == "world" else Path(value)
+    return resolved(cfg)
 
 
 def _oracle_data(cfg: MempoConfig, train_rows: list[dict], index: BM25Index, progress: bool) -> list[dict]:

@@ -18,8 +18,8 @@ from services.common.messages import (
     TrajectoryBatch,
     TurnRecord,
 )
+from services.common.rewards import exact_match, multi_objective_em, normalize_answer
 from services.learner.advantages import compute_advantages, format_valid, normalize, outcome_reward, token_advantage
-from services.learner.rewards import exact_match, multi_objective_em, normalize_answer
 
 I32 = np.int32
 

@@ -1,0 +1,27 @@
+"""Path lookups (services/common/paths.py): 'world' paths resolve into the built world, never build it."""
+
+import pytest
+
+from services.common.config import load_config
+from services.common.paths import data_path, model_path, resolved, uses_world, world_dir
+
+TINY = "deploy/configs/tiny.yaml"
+
+
+def test_resolved_config_names_the_world_files_and_keeps_its_key(world):
+    cfg = load_config(TINY)
+    out = resolved(cfg)
+    assert world_dir(out) == world == world_dir(cfg)  # the key ignores the path fields
+    assert out.model.path == str(world / "model") and out.search.corpus == str(world / "corpus.jsonl")
+    assert out.search.index_dir == str(world / "index" / "bm25") and data_path(out, "sft") == world / "oracle.jsonl"
+    assert not uses_world(out) and resolved(out) is out and cfg.model.path == "world"
+
+
+def test_a_lookup_into_an_unbuilt_world_says_how_to_build_it(tmp_path):
+    cfg = load_config(TINY, [f"world.dir={tmp_path}"])
+    with pytest.raises(FileNotFoundError, match="make world"):
+        model_path(cfg)
+    assert not any(tmp_path.iterdir())  # nothing was built
+    other = load_config(TINY, [f"world.dir={tmp_path}", "model.path=/m", "search.corpus=/c.jsonl", "train.data=/t",
+                               "train.sft_data=/s", "eval.data=/e"])
+    assert resolved(other) is other and model_path(other).as_posix() == "/m"
