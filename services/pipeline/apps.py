@@ -4,7 +4,7 @@
     pipe = Pipeline.start(cfg, ("search", "scorer")) # only some (``mempo serve --apps``)
     refs = pipe.rollout.rollout(prompt_batch)        # RolloutDriver (retries dead replicas)
     score_refs = pipe.scorer.score(refs)             # ScorerDriver
-    stats = pipe.learner.step.remote(refs, score_refs).result()
+    stats = pipe.learner.step(refs, score_refs)       # LearnerDriver (no retries: one stateful replica)
     pipe.shutdown()
 
 Each service is its own Serve application (named ``ray.app_prefix`` + service), so each scales and
@@ -116,12 +116,13 @@ class Pipeline:
     search: Any = None  # DeploymentHandle
     rollout: Any = None  # RolloutDriver
     scorer: Any = None  # ScorerDriver
-    learner: Any = None  # DeploymentHandle
+    learner: Any = None  # LearnerDriver
 
     @classmethod
     def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = SERVICES) -> "Pipeline":
         from ray import serve
 
+        from services.learner.driver import LearnerDriver
         from services.rollout.driver import RolloutDriver
         from services.scorer.driver import ScorerDriver
         from services.world.build import prepare_world
@@ -146,7 +147,7 @@ class Pipeline:
             elif service == "scorer":
                 pipe.scorer = ScorerDriver(handle, cfg)
             else:
-                pipe.learner = handle
+                pipe.learner = LearnerDriver(handle)
         return pipe
 
     def sync_weights(self, version: int) -> bool:
@@ -159,7 +160,7 @@ class Pipeline:
                  for r in broadcast(d.handle, "info")[0] if r.get("version") != version]
         if stale and self.learner is not None:
             log.warning("%d replica(s) behind version %d (replaced?); publishing again", len(stale), version)
-            self.learner.publish.remote().result()
+            self.learner.publish()
         return bool(stale)
 
     def publish_model(self, model_dir: str, version: int) -> dict:

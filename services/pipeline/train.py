@@ -4,18 +4,20 @@
 
 One step: prompts -> rollout (ObjectRefs to trajectory batches) -> scorer (refs to memory scores)
 -> learner (advantages, PPO/GRPO update, checkpoint, publish the new weights to the rollout and
-scorer replicas) -> log. The driver forwards refs and never decodes a trajectory batch. Every
-``train.eval_every`` steps the current policy is evaluated on held-out prompts.
+scorer replicas) -> log. Each stage is called the same way, through its driver (``pipe.rollout``,
+``pipe.scorer``, ``pipe.learner``); the driver forwards refs and never decodes a trajectory batch.
+Every ``train.eval_every`` steps the current policy is evaluated on held-out prompts.
 
 Baselines run on the same loop: ``algorithm.use_memory_reward=false`` (memory context without the
 memory reward, MEM1-like) and ``rollout.memory_window=full`` (full history, Search-R1-like).
 Running again on the same ``train.run_dir`` resumes from its latest complete checkpoint; Ctrl-C
-writes a checkpoint before it exits.
+(or an error) writes a checkpoint before it exits.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
@@ -44,11 +46,21 @@ def starting_policy(cfg: MempoConfig) -> MempoConfig:
     return cfg
 
 
-def stage_times(t: list[float], stats: dict) -> dict:
-    """Wall time of each stage in this step, and how long each stage sat idle meanwhile."""
-    step_s = t[-1] - t[0]
-    busy = {"rollout": t[1] - t[0], "scoring": t[2] - t[1],
-            "learner": t[3] - t[2] - stats["publish_s"], "weight_sync": stats["publish_s"]}
+@contextmanager
+def timed(times: dict[str, float], stage: str):
+    """Records the wall time of the ``with`` body as ``times[stage]``."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        times[stage] = time.perf_counter() - t0
+
+
+def stage_times(took: dict[str, float], publish_s: float) -> dict:
+    """Wall time of each stage in this step, and how long each stage sat idle meanwhile. The
+    learner's call includes publishing the new weights, reported apart as weight_sync."""
+    busy = dict(took, learner=took["learner"] - publish_s, weight_sync=publish_s)
+    step_s = sum(took.values())
     out = {f"time/{k}_s": v for k, v in busy.items()}
     out.update({f"idle/{k}_s": step_s - v for k, v in busy.items()})
     out["step_s"] = step_s
@@ -63,7 +75,7 @@ def train(cfg: MempoConfig) -> dict:
     (run_dir / "pipeline.yaml").write_text(to_yaml(pipe.cfg))  # what is deployed (`mempo scale` reads it)
     prompts = PromptStream(load_prompts(data_path(cfg, "train")), cfg.train.prompts_per_step, cfg.train.seed)
     held_out = eval_prompts(cfg, cfg.eval.during_training_per_k)
-    step = pipe.learner.info.remote().result()["step"]  # > 0 when the learner resumed a checkpoint
+    step = pipe.learner.info()["step"]  # > 0 when the learner resumed a checkpoint
     log = RunLog(run_dir, resume_step=step)
     if step == 0:
         log.write("eval", 0, flatten(evaluate(cfg, pipe, held_out, step=0)))  # the starting policy
@@ -71,31 +83,28 @@ def train(cfg: MempoConfig) -> dict:
     try:
         while step < cfg.train.steps:
             resynced = pipe.sync_weights(version=step)  # resumed, or a replica was replaced: same policy everywhere
-            t = [time.perf_counter()]
             batch = PromptBatch(prompts.at(step), n=cfg.rollout.n, policy_version=step, step=step,
                                 seed=cfg.train.seed)
-            traj_refs = pipe.rollout.rollout(batch)  # ObjectRefs; the bytes go replica -> store -> learner
-            t.append(time.perf_counter())
-            score_refs = pipe.scorer.score(traj_refs) if cfg.algorithm.use_memory_reward else []
-            t.append(time.perf_counter())
-            stats = pipe.learner.step.remote(traj_refs, score_refs).result()  # update, checkpoint, publish
-            t.append(time.perf_counter())
+            took: dict[str, float] = {}
+            with timed(took, "rollout"):
+                traj_refs = pipe.rollout.rollout(batch)  # ObjectRefs; the bytes go replica -> store -> learner
+            with timed(took, "scoring"):
+                score_refs = pipe.scorer.score(traj_refs) if cfg.algorithm.use_memory_reward else []
+            with timed(took, "learner"):
+                stats = pipe.learner.step(traj_refs, score_refs)  # update, checkpoint, publish
             step = stats["step"]
-            stats.update(stage_times(t, stats), rollout_retries=pipe.rollout.stats["retries"],
+            stats.update(stage_times(took, stats["publish_s"]), rollout_retries=pipe.rollout.stats["retries"],
                          scorer_retries=pipe.scorer.stats["retries"], weights_resynced=float(resynced))
             log.write("train", step, stats)
             bar.update(1)
             if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
                 log.write("eval", step, flatten(evaluate(cfg, pipe, held_out, step=step)))
-    except KeyboardInterrupt:
+    finally:  # done, Ctrl-C or an error: close the log, checkpoint the current step
         bar.close()
-        path = pipe.learner.save.remote().result()
-        print(f"\ninterrupted at step {step}: checkpoint in {path}; run the same command to resume", flush=True)
         log.close()
-        raise
-    bar.close()
-    pipe.learner.save.remote().result()
-    policy = pipe.learner.export.remote(str(run_dir / "policy")).result()
-    log.close()
+        checkpoint = pipe.learner.save()
+        if step < cfg.train.steps:
+            print(f"\nstopped at step {step}: checkpoint in {checkpoint}; run the same command to resume", flush=True)
+    policy = pipe.learner.export(str(run_dir / "policy"))
     print(f"trained {step} steps; final policy in {policy}, metrics in {log.path}", flush=True)
     return {"step": step, "policy": policy, "metrics": str(log.path), "pipeline": pipe}

@@ -12,7 +12,7 @@ from services.pipeline.report import markdown_table, write_report
 from services.pipeline.runlog import RunLog, read_rows
 from services.pipeline.serve_apps import ROOT, config_from_args
 from services.pipeline.sft import load_transcripts, sft_batch, turn_samples
-from services.pipeline.train import stage_times
+from services.pipeline.train import stage_times, timed
 
 TINY = "deploy/configs/tiny.yaml"
 
@@ -43,10 +43,14 @@ def test_runlog_resumes_without_duplicates_and_writes_tensorboard(tmp_path):
 
 
 def test_stage_times_add_up():
-    out = stage_times([0.0, 5.0, 6.0, 10.0], {"publish_s": 1.0})
+    out = stage_times({"rollout": 5.0, "scoring": 1.0, "learner": 4.0}, publish_s=1.0)
     assert out["time/rollout_s"] == 5.0 and out["time/scoring_s"] == 1.0
     assert out["time/learner_s"] == 3.0 and out["time/weight_sync_s"] == 1.0 and out["step_s"] == 10.0
     assert out["idle/rollout_s"] == 5.0 and out["idle/weight_sync_s"] == 9.0
+    took: dict = {}
+    with pytest.raises(RuntimeError), timed(took, "rollout"):
+        raise RuntimeError("a failed stage is still timed")
+    assert set(took) == {"rollout"} and took["rollout"] >= 0
 
 
 def test_report_table_and_curves(tmp_path):

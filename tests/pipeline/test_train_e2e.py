@@ -44,7 +44,7 @@ def test_two_steps_change_weights_advance_versions_and_report_every_stage(run, g
     cfg, out, run_dir = run
     assert out["step"] == 2
     pipe = out["pipeline"]
-    assert pipe.learner.info.remote().result()["version"] == 2
+    assert pipe.learner.info()["version"] == 2
     versions = [r["version"] for r in pipe.rollout.handle.broadcast("info").results()]
     assert versions == [2, 2]  # both rollout replicas run the newest policy
     assert [r["version"] for r in pipe.scorer.handle.broadcast("info").results()] == [2]
