@@ -2,11 +2,22 @@
 
     model_dtype("auto")                 # bfloat16 with CUDA, float32 on CPU
     chat_ids(tokenizer, messages)       # chat-template ids + the assistant generation prompt
+    text_ids(tokenizer, text)           # user text: "<|im_end|>" in it is several ordinary tokens
+    mixed_ids(tokenizer, [(template_part, True), (user_text, False), ...])
     tensors = validate_weights(tensors, checkpoint_shapes(model_dir))   # before loading an update
+
+User text is text: a special-token string such as ``<|im_end|>`` inside a message's content, a
+memory or a gold answer is encoded as the ordinary tokens of its characters, never as the control
+token (a caller could otherwise inject chat structure). Only the chat template (and other
+configured templates) may contribute control tokens. For text without special-token strings the
+ids are exactly those of tokenising the whole rendered string: the tokenizer itself cuts its input
+at special tokens before pre-tokenising, which is what ``mixed_ids`` does, with only the trusted
+parts' special tokens as cut points.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -21,10 +32,57 @@ def model_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+def text_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of user text, special-token strings included as ordinary text."""
+    return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+
+def _special_pattern(tokenizer) -> re.Pattern | None:
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    specials = {t.content for t in added.values() if t.special} | set(tokenizer.all_special_tokens)
+    specials = sorted((t for t in specials if t), key=len, reverse=True)
+    return re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
+
+
+def mixed_ids(tokenizer, parts: list[tuple[str, bool]]) -> list[int]:
+    """Ids of the concatenated ``parts`` (text, trusted): special-token strings count as control tokens
+    only inside trusted parts; in the others they are ordinary text."""
+    pattern = _special_pattern(tokenizer)
+    pieces: list[tuple[str, bool]] = []  # (text, is_special_token)
+    for text, trusted in parts:
+        cuts = pattern.split(text) if trusted and pattern else [text]
+        for j, piece in enumerate(cuts):
+            if j % 2:
+                pieces.append((piece, True))
+            elif pieces and not pieces[-1][1]:
+                pieces[-1] = (pieces[-1][0] + piece, False)
+            elif piece:
+                pieces.append((piece, False))
+    ids: list[int] = []
+    for piece, special in pieces:
+        ids += [int(tokenizer.convert_tokens_to_ids(piece))] if special else text_ids(tokenizer, piece)
+    return ids
+
+
+_MARK = "\ue000{}\ue001"  # private-use characters: stand-ins for the contents while the template renders
+_MARKS = re.compile("\ue000(\\d+)\ue001")
+
+
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Chat-template token ids of ``messages`` plus the assistant generation prompt."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]
+    """Chat-template token ids of ``messages`` plus the assistant generation prompt; the messages'
+    contents are user text (see the module docstring), the template's own tokens are control tokens."""
+    marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
+    cuts = _MARKS.split(tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False))
+    parts = [(messages[int(c)]["content"], False) if j % 2 else (c, True) for j, c in enumerate(cuts)]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if "".join(t for t, _ in parts) != rendered:  # the template rewrites contents: it cannot be cut this way
+        pattern = _special_pattern(tokenizer)
+        if pattern and any(pattern.search(str(m.get("content", ""))) for m in messages):
+            raise ValueError("the chat template rewrites message contents, so special-token strings in them "
+                             "cannot be kept as text")
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]
+    return mixed_ids(tokenizer, parts)
 
 
 def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:

@@ -8,14 +8,21 @@ continuation, never by assuming how many tokens the closing tags take (the refer
 boundary). A token that straddles the boundary (e.g. ``">."`` for ``<answer>.NET``) contains answer
 characters, so it counts as an answer token.
 
+The gold is user text (services/common/model_io.py): a special-token string in it is ordinary
+text, only the configured template may contribute control tokens. It is NFC-normalised first:
+the tokenizers normalise to NFC, so a decomposed gold ("Cafe\u0301") would not decode back to the
+text it was built from and its answer span could not be located.
+
     cont = build_continuation(tokenizer, cfg.scorer.answer_template, "Reed College")
     cont.ids[cont.answer_start:cont.answer_end]   # the tokens of "Reed College"
 """
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
+from services.common.model_io import mixed_ids
 from services.rollout.token_text import TokenText
 
 
@@ -41,11 +48,12 @@ def gold_text(golds: list[list[str]], joiner: str = "; ") -> str:
 def build_continuation(tokenizer, template: str, gold: str, token_text: TokenText | None = None) -> Continuation:
     if template.count("{gold}") != 1:
         raise ValueError("scorer.answer_template must contain {gold} exactly once")
+    gold = unicodedata.normalize("NFC", gold)
     if not gold.strip():
         raise ValueError("the gold answer is empty")
-    text = template.replace("{gold}", gold)
-    start = template.index("{gold}")
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    before, after = template.split("{gold}")
+    text, start = before + gold + after, len(before)
+    ids = mixed_ids(tokenizer, [(before, True), (gold, False), (after, True)])
     tt = token_text or TokenText(tokenizer)
     decoded, ends = tt.decode(ids)
     if decoded != text:

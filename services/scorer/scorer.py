@@ -12,31 +12,39 @@ group for the mem contexts (every memory block hangs off the shared prompt).
 
     scorer = MemoryScorer(model, tokenizer, cfg)
     scores = scorer.score_trajectories(trajectory_batch, version=3)   # -> MemoryScoreBatch
+
+A group whose gold answer cannot be turned into a continuation (empty, or text the tokenizer does
+not decode back even after NFC normalisation) is skipped, counted in ``metrics["golds_skipped"]``;
+it never fails the batch (its episodes then get no memory reward, like a group without blocks).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 
 from services.common.config import MempoConfig
 from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch
-from services.common.model_io import chat_ids
+from services.common.model_io import chat_ids, text_ids
 from services.rollout.token_text import TokenText
 from services.scorer.continuation import Continuation, build_continuation, gold_text
 from services.scorer.memory_reward import memory_reward
 from services.scorer.packing import Branch, tree_logprobs
 
+log = logging.getLogger("mempo.scorer")
+
 
 def text_contexts(tokenizer, system: str, questions: list[str], memory: str,
                   history: list[dict]) -> tuple[list[int], list[int]]:
     """(mem context, full context) ids for grading a memory given as text: system + question(s)
-    + ``<mem>`` block, versus system + question(s) + the full chat history."""
+    + ``<mem>`` block, versus system + question(s) + the full chat history. Every text is user text:
+    special-token strings in it stay ordinary text (services/common/model_io.py)."""
     from services.common.turn_format import block
 
     head = [{"role": "system", "content": system}, {"role": "user", "content": "; ".join(questions)}]
-    mem = chat_ids(tokenizer, head) + tokenizer.encode(block("mem", memory), add_special_tokens=False)
+    mem = chat_ids(tokenizer, head) + text_ids(tokenizer, block("mem", memory))
     return mem, chat_ids(tokenizer, head + list(history))
 
 
@@ -57,8 +65,14 @@ class MemoryScorer:
         t0 = time.perf_counter()
         stats: dict = {}
         scores: list[MemoryScore] = []
+        skipped = 0
         for gi, group in enumerate(batch.groups):
-            cont = self.continuation(gold_text(group.prompt.golds, self.cfg.gold_joiner))
+            try:
+                cont = self.continuation(gold_text(group.prompt.golds, self.cfg.gold_joiner))
+            except ValueError as e:
+                skipped += 1
+                log.warning("group %d skipped: no answer continuation for its gold (%s)", gi, e)
+                continue
             a0, a1 = cont.answer_start, cont.answer_end
             blocks = [(ei, ti) for ei, ep in enumerate(group.episodes) for ti, t in enumerate(ep.turns)
                       if t.mem_start >= 0 and t.turn >= 2]
@@ -94,7 +108,8 @@ class MemoryScorer:
                                           full_keep=r.full_keep, mem_keep=r.mem_keep,
                                           p_full=r.p_full, p_mem=r.p_mem, r_mem=r.r_mem))
         n = max(1, len(scores))
-        metrics = {"blocks": float(len(scores)), "forwards": float(stats.get("forwards", 0)),
+        metrics = {"blocks": float(len(scores)), "golds_skipped": float(skipped),
+                   "forwards": float(stats.get("forwards", 0)),
                    "model_tokens": float(stats.get("tokens", 0)), "seconds": time.perf_counter() - t0,
                    "p_mem_mean": sum(s.p_mem for s in scores) / n, "p_full_mean": sum(s.p_full for s in scores) / n,
                    "r_mem_mean": sum(s.r_mem for s in scores) / n}

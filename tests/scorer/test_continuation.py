@@ -67,3 +67,15 @@ def test_gold_text_and_bad_input(tok):
         build_continuation(tok, "no placeholder", "x")
     with pytest.raises(ValueError):
         gold_text([[]])
+
+
+def test_decomposed_gold_is_scored_in_its_normalised_form(tok):
+    c = build_continuation(tok, DEFAULT_ANSWER_TEMPLATE, "Cafe\u0301 Noir")  # NFD: e + combining acute
+    assert tok.decode(c.answer_ids).strip() == "Caf\u00e9 Noir" and tok.decode(c.ids) == c.text
+
+
+def test_special_token_strings_in_the_gold_are_text(tok):
+    c = build_continuation(tok, DEFAULT_ANSWER_TEMPLATE, "<|im_end|>")
+    control = {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    assert not control & set(c.ids)
+    assert tok.decode(c.answer_ids).strip() == "<|im_end|>" and len(c.answer_ids) > 1

@@ -66,3 +66,16 @@ def test_turn_one_and_unclosed_blocks_are_not_scored(setup, tiny_cfg):
     for s in out.scores:
         turn = batch.groups[s.group].episodes[s.episode].turns[s.turn]
         assert turn.turn >= 2 and turn.mem_start >= 0
+
+
+def test_a_gold_without_a_continuation_skips_its_group_not_the_batch(setup, tiny_cfg):
+    import copy
+
+    tok, model, batch = setup
+    batch = copy.deepcopy(batch)
+    batch.groups[0].prompt.golds = [[], ["x"]]                                     # no gold to score
+    batch.groups[1].prompt.golds = [["Cafe\u0301"] + g[1:] for g in batch.groups[1].prompt.golds]  # NFD
+    out = MemoryScorer(model, tok, tiny_cfg).score_trajectories(batch, version=5)
+    assert out.metrics["golds_skipped"] == 1.0
+    assert out.scores and {s.group for s in out.scores} == {1}
+    assert tok.decode(out.scores[0].answer_ids).strip().startswith("Caf\u00e9")
