@@ -30,6 +30,8 @@ def padded_logprobs(model, contexts: list[list[int]], continuation: list[int]) -
     Returns (one numpy array per context, tokens through the model incl. padding)."""
     import torch
 
+    from services.common.model_io import target_logprobs
+
     device = next(model.parameters()).device
     seqs = [c + continuation for c in contexts]
     length = max(map(len, seqs))
@@ -40,11 +42,11 @@ def padded_logprobs(model, contexts: list[list[int]], continuation: list[int]) -
         att[i, : len(s)] = 1
     with torch.no_grad():
         logits = model(input_ids=ids.to(device), attention_mask=att.to(device), use_cache=False).logits
-        target = torch.tensor(continuation, device=device)[:, None]
+        target = torch.tensor(continuation)
         out = []
-        for i, ctx in enumerate(contexts):  # log_softmax of the continuation's predictor positions only
-            rows = logits[i, len(ctx) - 1 : len(ctx) + len(continuation) - 1].float()
-            out.append(torch.log_softmax(rows, -1).gather(-1, target)[:, 0].cpu().numpy())
+        for i, ctx in enumerate(contexts):  # log-probs at the continuation's predictor positions only
+            rows = logits[i, len(ctx) - 1 : len(ctx) + len(continuation) - 1]
+            out.append(target_logprobs(rows, target).cpu().numpy())
     return out, len(seqs) * length
 
 

@@ -5,6 +5,7 @@
     text_ids(tokenizer, text)           # user text: "<|im_end|>" in it is several ordinary tokens
     mixed_ids(tokenizer, [(template_part, True), (user_text, False), ...])
     tensors = validate_weights(tensors, checkpoint_shapes(model_dir))   # before loading an update
+    lp = target_logprobs(logits, targets)   # log p(target) at each position: learner, scorer, benches
 
 User text is text: a special-token string such as ``<|im_end|>`` inside a message's content, a
 memory or a gold answer is encoded as the ordinary tokens of its characters, never as the control
@@ -23,6 +24,13 @@ from pathlib import Path
 import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[..., target] at every position, in float32: logits [..., V], targets [...]
+    (moved to the logits' device). The one place the learner, the scorer and the benches turn a
+    forward's logits into the log-probs of given tokens."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.to(logits.device)[..., None])[..., 0]
 
 
 def model_dtype(name: str) -> torch.dtype:

@@ -2,6 +2,7 @@
 was generated with (memory mode makes a rollout a list of short samples, not one long sequence).
 
     batch = training_batch(trajectory_batch, advantages)      # -> TrainingBatch (packed, no padding)
+    batch = pack(samples, policy_version, step)               # the one constructor: RL and SFT samples
     micro = micro_batches(batch, token_budget=8192, rank=0, world=2)   # this rank's padded micro-batches
 
 Loss counts only generated tokens (``loss_mask``); observations, prompts and padding get none.
@@ -22,29 +23,56 @@ from services.common.messages import TrainingBatch, TrajectoryBatch
 from services.learner.advantages import Advantages
 
 
-def training_batch(batch: TrajectoryBatch, adv: Advantages) -> TrainingBatch:
-    ids, loss, advs, lps, mems, groups, lengths = [], [], [], [], [], [], []
-    for g, group in enumerate(batch.groups):
-        for e, ep in enumerate(group.episodes):
-            for t, turn in enumerate(ep.turns):
-                n_ctx, n_resp = len(turn.context_ids), len(turn.response_ids)
-                if n_resp == 0:
-                    continue
-                ids.append(np.concatenate([turn.context_ids, turn.response_ids]).astype(np.int32))
-                loss.append(np.r_[np.zeros(n_ctx, bool), np.ones(n_resp, bool)])
-                advs.append(np.r_[np.zeros(n_ctx, np.float32), adv.token_advantages[(g, e, t)]])
-                lps.append(np.r_[np.zeros(n_ctx, np.float32), turn.response_logprobs.astype(np.float32)])
-                mem = np.zeros(n_ctx + n_resp, bool)
-                if turn.mem_start >= 0:
-                    mem[n_ctx + turn.mem_start:n_ctx + turn.mem_end] = True
-                mems.append(mem)
-                groups.append(g)
-                lengths.append(n_ctx + n_resp)
+@dataclass
+class Sample:
+    """One (context, response) sample. Loss counts the response tokens; the per-response-token
+    arrays default to zeros (SFT has no advantages and no sampler log-probs)."""
+
+    context_ids: np.ndarray
+    response_ids: np.ndarray
+    advantages: np.ndarray | None = None  # per response token
+    logprobs: np.ndarray | None = None  # the sampler's, per response token
+    mem_span: tuple[int, int] = (-1, -1)  # the <mem> block's tokens in the response, [start, end)
+    group: int = 0  # the prompt group it came from
+
+
+def pack(samples: list[Sample], policy_version: int = 0, step: int = 0) -> TrainingBatch:
+    """The one TrainingBatch constructor (RL steps and SFT alike): samples back to back, no padding."""
+    ids, loss, advs, lps, mems = [], [], [], [], []
+    for s in samples:
+        n_ctx, n_resp = len(s.context_ids), len(s.response_ids)
+        ctx_zeros, resp_zeros = np.zeros(n_ctx, np.float32), np.zeros(n_resp, np.float32)
+        ids.append(np.concatenate([s.context_ids, s.response_ids]))
+        loss.append(np.r_[np.zeros(n_ctx, bool), np.ones(n_resp, bool)])
+        advs.append(np.r_[ctx_zeros, resp_zeros if s.advantages is None else s.advantages])
+        lps.append(np.r_[ctx_zeros, resp_zeros if s.logprobs is None else s.logprobs])
+        mem = np.zeros(n_ctx + n_resp, bool)
+        if s.mem_span[0] >= 0:
+            mem[n_ctx + s.mem_span[0]:n_ctx + s.mem_span[1]] = True
+        mems.append(mem)
     cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
+    lengths = [len(x) for x in ids]
     return TrainingBatch(input_ids=cat(ids, np.int32), cu_seqlens=np.r_[0, np.cumsum(lengths)].astype(np.int64),
                          loss_mask=cat(loss, bool), advantages=cat(advs, np.float32),
                          rollout_logprobs=cat(lps, np.float32), mem_mask=cat(mems, bool),
-                         group_ids=np.asarray(groups, np.int32), policy_version=batch.policy_version, step=batch.step)
+                         group_ids=np.asarray([s.group for s in samples], np.int32), policy_version=policy_version,
+                         step=step)
+
+
+def turn_samples(batch: TrajectoryBatch, adv: Advantages, first_group: int = 0) -> list[Sample]:
+    """Every turn with a response, under its own context; groups numbered from ``first_group``."""
+    out = []
+    for g, group in enumerate(batch.groups):
+        for e, ep in enumerate(group.episodes):
+            for t, turn in enumerate(ep.turns):
+                if len(turn.response_ids):
+                    out.append(Sample(turn.context_ids, turn.response_ids, adv.token_advantages[(g, e, t)],
+                                      turn.response_logprobs, (turn.mem_start, turn.mem_end), first_group + g))
+    return out
+
+
+def training_batch(batch: TrajectoryBatch, adv: Advantages) -> TrainingBatch:
+    return pack(turn_samples(batch, adv), batch.policy_version, batch.step)
 
 
 @dataclass

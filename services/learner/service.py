@@ -28,23 +28,10 @@ from ray import serve
 
 from services.common.codec import decode
 from services.common.config import MempoConfig, replica_config
-from services.common.messages import MemoryScoreBatch, TrainingBatch, TrajectoryBatch
+from services.common.messages import MemoryScoreBatch, TrajectoryBatch
 from services.common.paths import model_path
 
 log = logging.getLogger("mempo.learner")
-
-
-def concat_training_batches(parts: list[TrainingBatch], version: int, step: int) -> TrainingBatch:
-    """One TrainingBatch from several (samples appended in order, offsets shifted)."""
-    cu, offset = [np.zeros(1, np.int64)], 0
-    for p in parts:
-        cu.append(p.cu_seqlens[1:] + offset)
-        offset += int(p.cu_seqlens[-1])
-    cat = (lambda name, dt: np.concatenate([getattr(p, name) for p in parts]).astype(dt))
-    return TrainingBatch(input_ids=cat("input_ids", np.int32), cu_seqlens=np.concatenate(cu).astype(np.int64),
-                         loss_mask=cat("loss_mask", bool), advantages=cat("advantages", np.float32),
-                         rollout_logprobs=cat("rollout_logprobs", np.float32), mem_mask=cat("mem_mask", bool),
-                         group_ids=cat("group_ids", np.int32), policy_version=version, step=step)
 
 
 def stage_metrics(trajs: list[TrajectoryBatch], scores: list[MemoryScoreBatch], version: int) -> dict:
@@ -91,20 +78,20 @@ class LearnerService:
 
     def _step(self, traj_refs: list, score_refs: list) -> dict:
         from services.learner.advantages import compute_advantages
-        from services.learner.samples import training_batch
+        from services.learner.samples import pack, turn_samples
 
         t0 = time.perf_counter()
-        parts, adv_metrics, trajs, score_batches = [], [], [], []
+        samples, adv_metrics, trajs, score_batches = [], [], [], []
         for i, ref in enumerate(traj_refs):
             traj = decode(ray.get(ref), TrajectoryBatch)
             scores = decode(ray.get(score_refs[i]), MemoryScoreBatch) if score_refs and score_refs[i] is not None else None
             adv = compute_advantages(traj, scores, self.cfg.algorithm)
-            parts.append(training_batch(traj, adv))
+            samples += turn_samples(traj, adv, first_group=sum(len(t.groups) for t in trajs))
             adv_metrics.append(adv.metrics)
             trajs.append(traj)
             score_batches += [scores] if scores is not None else []
         stages = stage_metrics(trajs, score_batches, self.version)
-        batch = concat_training_batches(parts, self.version, self.step_no)
+        batch = pack(samples, self.version, self.step_no)
         prep_s = time.perf_counter() - t0
         metrics = self.group.train_step(batch)
         self.step_no += 1

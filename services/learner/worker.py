@@ -22,7 +22,7 @@ import torch.distributed as dist
 from services.common.codec import decode
 from services.common.config import MempoConfig
 from services.common.messages import TrainingBatch
-from services.common.model_io import model_dtype
+from services.common.model_io import model_dtype, target_logprobs
 from services.learner.loss import aggregate, entropy_from_logits, kl_penalty, policy_loss
 from services.learner.samples import MicroBatch, global_counts, micro_batches
 
@@ -32,7 +32,7 @@ def token_logprobs(model, mb: MicroBatch, with_entropy: bool = False):
     device = next(model.parameters()).device
     out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device), use_cache=False)
     logits = out.logits[:, :-1].float()
-    lp = torch.log_softmax(logits, -1).gather(-1, mb.input_ids[:, 1:].to(device)[..., None])[..., 0]
+    lp = target_logprobs(logits, mb.input_ids[:, 1:])
     lp = torch.nn.functional.pad(lp, (1, 0))
     if not with_entropy:
         return lp, None

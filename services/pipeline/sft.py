@@ -66,13 +66,10 @@ def turn_samples(cfg: MempoConfig, tokenizer, transcripts: list[list[dict]]) -> 
 
 
 def sft_batch(samples: list[tuple[np.ndarray, int]], step: int) -> TrainingBatch:
-    ids = np.concatenate([s for s, _ in samples]).astype(np.int32)
-    lengths = [len(s) for s, _ in samples]
-    loss = np.concatenate([np.arange(len(s)) >= c for s, c in samples])
-    zeros = np.zeros(len(ids), np.float32)
-    return TrainingBatch(input_ids=ids, cu_seqlens=np.r_[0, np.cumsum(lengths)].astype(np.int64), loss_mask=loss,
-                         advantages=zeros, rollout_logprobs=zeros.copy(), mem_mask=np.zeros(len(ids), bool),
-                         group_ids=np.arange(len(samples), dtype=np.int32), policy_version=0, step=step)
+    """Loss on each sample's response (the ids after its context); no advantages."""
+    from services.learner.samples import Sample, pack
+
+    return pack([Sample(ids[:ctx], ids[ctx:], group=i) for i, (ids, ctx) in enumerate(samples)], step=step)
 
 
 def run_sft(cfg: MempoConfig, log_fn=print) -> Path:

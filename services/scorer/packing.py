@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from services.common.model_io import target_logprobs
+
 TRUNK_FACTOR = 3
 
 
@@ -76,8 +78,7 @@ def _gather_logprobs(model, input_ids, position_ids, mask, predictors, targets) 
     device = next(model.parameters()).device
     out = model(input_ids=input_ids.to(device), position_ids=position_ids.to(device),
                 attention_mask=mask.to(device), logits_to_keep=predictors.to(device), use_cache=False)
-    logits = out.logits[0].float()  # [len(predictors), V]
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.to(device)[:, None])[:, 0].cpu()
+    return target_logprobs(out.logits[0], targets).cpu()  # logits [len(predictors), V]
 
 
 @torch.no_grad()
@@ -120,4 +121,4 @@ def naive_logprobs(model, context: list[int], continuation: list[int], stats: di
     if stats is not None:
         stats["forwards"] = stats.get("forwards", 0) + 1
         stats["tokens"] = stats.get("tokens", 0) + ids.shape[1]
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(continuation, device=device)[:, None])[:, 0].cpu().numpy()
+    return target_logprobs(logits, torch.tensor(continuation)).cpu().numpy()

@@ -1,0 +1,47 @@
+"""pack: the one TrainingBatch constructor, for RL turns (turn_samples) and SFT samples alike."""
+
+import numpy as np
+import pandas as pd
+from transformers import AutoTokenizer
+
+from services.common.config import load_config
+from services.common.messages import TrajectoryBatch
+from services.learner.advantages import compute_advantages
+from services.learner.samples import Sample, pack, turn_samples
+from services.world.oracle_records import oracle_group
+
+
+def test_turns_pack_under_their_own_context_with_their_arrays_aligned(world):
+    cfg = load_config("deploy/configs/tiny.yaml")
+    tok = AutoTokenizer.from_pretrained(world / "model")
+    rows = pd.read_parquet(world / "train.parquet").to_dict("records")[:2]
+    batch = TrajectoryBatch(groups=[oracle_group(cfg, world, r, n=2, tokenizer=tok, seed=i) for i, r in enumerate(rows)],
+                            policy_version=3, step=3)
+    adv = compute_advantages(batch, None, cfg.algorithm)
+    first, second = turn_samples(batch, adv), turn_samples(batch, adv, first_group=2)
+    tb = pack(first + second, policy_version=3, step=4)
+    turns = [(g, e, t, turn) for g, grp in enumerate(batch.groups) for e, ep in enumerate(grp.episodes)
+             for t, turn in enumerate(ep.turns) if len(turn.response_ids)]
+    assert len(tb.cu_seqlens) - 1 == 2 * len(turns) and (tb.policy_version, tb.step) == (3, 4)
+    assert tb.group_ids.tolist() == [g for g, *_ in turns] + [g + 2 for g, *_ in turns]
+    cu = tb.cu_seqlens
+    for i, (g, e, t, turn) in enumerate(turns):
+        n_ctx = len(turn.context_ids)
+        sl = slice(cu[i], cu[i + 1])
+        np.testing.assert_array_equal(tb.input_ids[sl], np.r_[turn.context_ids, turn.response_ids])
+        assert not tb.loss_mask[sl][:n_ctx].any() and tb.loss_mask[sl][n_ctx:].all()
+        np.testing.assert_allclose(tb.advantages[sl][n_ctx:], adv.token_advantages[(g, e, t)])
+        np.testing.assert_allclose(tb.rollout_logprobs[sl][n_ctx:], turn.response_logprobs, rtol=1e-6)
+        assert not tb.advantages[sl][:n_ctx].any() and not tb.rollout_logprobs[sl][:n_ctx].any()
+        mem = np.flatnonzero(tb.mem_mask[sl])
+        assert mem.tolist() == (list(range(n_ctx + turn.mem_start, n_ctx + turn.mem_end)) if turn.mem_start >= 0 else [])
+
+
+def test_sft_samples_have_zero_advantages_and_log_probs():
+    tb = pack([Sample(np.array([1, 2, 3]), np.array([4, 5])), Sample(np.array([6]), np.array([7]), group=1)], step=2)
+    assert tb.input_ids.tolist() == [1, 2, 3, 4, 5, 6, 7] and tb.cu_seqlens.tolist() == [0, 5, 7]
+    assert tb.loss_mask.tolist() == [False, False, False, True, True, False, True]
+    assert not tb.advantages.any() and not tb.rollout_logprobs.any() and not tb.mem_mask.any()
+    assert tb.group_ids.tolist() == [0, 1] and tb.step == 2
+    empty = pack([])
+    assert len(empty.input_ids) == 0 and empty.cu_seqlens.tolist() == [0]
