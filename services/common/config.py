@@ -210,6 +210,7 @@ class TrainConfig(_Section):
     sft_min_em: float = Field(1.0, ge=0.0, le=1.0, description="Keep only SFT trajectories whose answer scored at least this EM (rejection sampling).")
     sft_batch_size: int = Field(32, ge=1, description="Turns (context, response samples) per SFT step.")
     eval_every: int = Field(10, ge=1, description="Evaluate every N steps.")
+    sft_lr_schedule: Literal["constant", "cosine"] = Field("constant", description="SFT learning rate: constant learner.sft_lr, or 5% warm-up then cosine decay to a tenth of it.")
     seed: int = Field(0, description="Seed of data order and sampling.")
     run_dir: str = Field("runs/default", description="Where checkpoints, logs and reports go.")
 

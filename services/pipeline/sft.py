@@ -78,6 +78,7 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     from transformers import AutoTokenizer
 
     from services.learner.group import LearnerGroup
+    from services.world.pretrain import lr_at
     from services.pipeline.apps import connect
     from services.pipeline.runlog import RunLog
     from services.common.paths import data_path, model_path
@@ -112,6 +113,8 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
                 rng.shuffle(fresh)
                 order += fresh
             chosen, order = order[:per_step], order[per_step:]
+            if cfg.train.sft_lr_schedule == "cosine":  # 5% warm-up, then cosine down to a tenth
+                group.set_lr(lr_at(step - 1, steps, cfg.learner.sft_lr, max(1, steps // 20)))
             metrics = group.sft_step(sft_batch([samples[i] for i in chosen], step))
             runlog.write("sft", step, metrics, console=step % max(1, steps // 10) == 0 or step == steps)
         out = sft_dir(cfg)
