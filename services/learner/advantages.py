@@ -71,6 +71,7 @@ def token_advantage(n_tokens: int, a_out: float, mem_span: tuple[int, int], a_me
 
 def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch], cfg: AlgorithmConfig) -> Advantages:
     out = Advantages()
+    varied = 0  # groups whose outcome rewards differ: the only ones GRPO's outcome advantage learns from
     by_group: dict[int, list] = defaultdict(list)
     if scores is not None and cfg.use_memory_reward:
         for s in scores.scores:
@@ -78,6 +79,7 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
     for g, group in enumerate(batch.groups):
         rs = [outcome_reward(ep, group.prompt.golds, cfg.answer_separator) for ep in group.episodes]
         a_out = normalize([r for r, _ in rs], cfg.grpo_eps)
+        varied += len({r for r, _ in rs}) > 1
         for e, ((r, f1), a) in enumerate(zip(rs, a_out)):
             out.rewards[(g, e)], out.f1[(g, e)], out.a_out[(g, e)] = r, f1, float(a)
         pools: dict[object, list] = defaultdict(list)
@@ -95,5 +97,6 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
     n = max(1, len(out.rewards))
     out.metrics = {"reward_mean": sum(out.rewards.values()) / n, "f1_mean": sum(out.f1.values()) / n,
                    "format_ok_share": sum(format_valid(ep) for grp in batch.groups for ep in grp.episodes) / n,
-                   "mem_blocks": float(len(out.a_mem))}
+                   "mem_blocks": float(len(out.a_mem)),
+                   "groups_with_variance": varied / max(1, len(batch.groups))}
     return out

@@ -120,3 +120,11 @@ def test_token_advantage_differs_from_a_out_only_on_the_mem_span(n, a_out, a_mem
         inside[start:end] = True
     assert np.allclose(adv[~inside], np.float32(a_out))
     assert np.allclose(adv[inside], np.float32(a_out) + np.float32(alpha * a_mem), atol=1e-5)
+
+
+def test_share_of_groups_with_reward_variance():
+    batch = TrajectoryBatch(groups=[_group(["Kroumia", "Lagav"]), _group(["Lagav", None]), _group(["Kroumia"] * 2)],
+                            policy_version=0)
+    adv = compute_advantages(batch, None, AlgorithmConfig())
+    assert adv.metrics["groups_with_variance"] == 1 / 3  # only the first group has a correct and a wrong episode
+    assert all(adv.a_out[(g, e)] == 0.0 for g in (1, 2) for e in (0, 1))
