@@ -111,7 +111,8 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
 
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
     panels = [
-        ("outcome reward (train)", [("reward_mean", train, "reward")]),
+        ("outcome reward (train)", [("reward_mean", train, "reward"),
+                                    ("groups_with_variance", train, "groups with reward variance")]),
         ("held-out EM", [("em", evals, "mean over k")] + [
             (k, evals, k.split("/")[0]) for k in sorted({k for r in evals for k in r if k.endswith("/em")})]),
         ("mean R_mem (train)", [("scorer/r_mem_mean", train, "R_mem")]),
