@@ -137,6 +137,7 @@ class SearchConfig(_Section):
     topk: int = Field(3, ge=1, description="Passages per search call (the agent's and the default of a request with topk null).")
     max_topk: int = Field(50, ge=1, description="Largest topk a request may ask for.")
     max_queries: int = Field(512, ge=1, description="Most queries in one request.")
+    max_query_chars: int = Field(4096, ge=1, description="Longest query, in characters; a longer one gets 413.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger HTTP request bodies get 413.")
     doc_format: str = Field("Doc {i} (Title: {title}) {text}", description="How one passage is shown to the agent inside <information>.")
     batching: bool = Field(True, description="Batch concurrent requests server-side into one index pass (Serve @serve.batch).")
@@ -161,7 +162,10 @@ class ScorerConfig(_Section):
     gold_joiner: str = Field("; ", description="Joins the first gold answer of each question when k > 1.")
     mean_eps: float = Field(1e-8, gt=0, description="Added to the kept-token count in P = exp(sum/count) (reference 1e-8).")
     token_budget: int = Field(2048, ge=64, description="Most tokens in one packed scoring forward; attention with the dense tree mask costs budget^2, so smaller budgets trade repeated trunk tokens for cheaper attention.")
-    max_request_tokens: int = Field(32768, ge=64, description="REST requests above this many tokens get 413.")
+    max_request_tokens: int = Field(0, ge=0, description="Token budget of one REST request (both contexts plus both answer continuations); over it gets 413. 0 = the model's positions (min of engine.max_model_len and, for the world model, model.max_position_embeddings); more than that is a config error.")
+    max_queued_requests: int = Field(16, ge=1, description="REST requests a replica holds at once (scoring or waiting); one more gets 503 with Retry-After.")
+    max_concurrent_requests: int = Field(2, ge=1, description="REST requests a replica scores at the same time, so a short one runs beside a long one instead of queueing behind it.")
+    queue_timeout_s: float = Field(5.0, gt=0, description="A REST request that waited this long for a scoring slot (or for a weight update to finish) gets 503 with Retry-After.")
     replicas: int = Field(1, ge=1, description="Scorer deployment replicas.")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per scorer replica.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per scorer replica (1 on GPU clusters).")
@@ -248,6 +252,28 @@ class MempoConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster and Serve.")
 
+    @model_validator(mode="after")
+    def _scorer_budget_fits_the_model(self) -> "MempoConfig":
+        positions = model_positions(self)
+        if self.scorer.max_request_tokens > positions:
+            raise ValueError(f"scorer.max_request_tokens ({self.scorer.max_request_tokens}) exceeds the model's "
+                             f"{positions} positions (engine.max_model_len, model.max_position_embeddings)")
+        return self
+
+
+def model_positions(cfg: MempoConfig, loaded: int | None = None) -> int:
+    """Longest sequence the policy can take: engine.max_model_len, the world model's
+    model.max_position_embeddings, and ``loaded`` (a loaded model's own), whichever is least."""
+    caps = [cfg.engine.max_model_len] + ([cfg.model.max_position_embeddings] if cfg.model.path == "world" else [])
+    return min(caps + ([loaded] if loaded else []))
+
+
+def scorer_token_budget(cfg: MempoConfig, loaded_positions: int | None = None) -> int:
+    """Tokens one REST scoring request may take: scorer.max_request_tokens (0 = the model's positions),
+    never more than the model's positions."""
+    positions = model_positions(cfg, loaded_positions)
+    return min(cfg.scorer.max_request_tokens or positions, positions)
+
 
 def _format_errors(err: ValidationError) -> str:
     """One line per offending field; union alternatives of one field are merged into its line."""
@@ -257,6 +283,8 @@ def _format_errors(err: ValidationError) -> str:
         loc = ".".join(str(p) for p in e["loc"] if isinstance(p, int) or str(p).isidentifier())
         if e["type"] == "extra_forbidden":
             msg = f"unknown key{_suggest(loc)}"
+        elif not e["loc"]:  # a cross-field check: its message names the fields
+            loc, msg = "config", e["msg"].removeprefix("Value error, ")
         else:
             msg = f"{e['msg']} (got {e.get('input')!r})"
         if msg not in by_field.setdefault(loc, []):

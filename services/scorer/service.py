@@ -6,19 +6,24 @@ resolved):
     update_weights(WeightUpdate bytes, version) -> {"version", "seconds"}
     info() -> {"version", "model", "replica"}
 
-HTTP (FastAPI; OpenAPI docs at /docs):
+HTTP (FastAPI; request and response schemas at /docs):
     POST /score   text form  {"question": str|[str], "memory": str, "history": [{"role", "content"}],
                               "answer": str|[str], "system": str (optional)}
                   token form {"mem_context_ids": [int], "full_context_ids": [int],
                               "continuation_ids": [int], "answer_span": [start, end]}
                   -> {"p_mem", "p_full", "r_mem", "mem_logprobs", "full_logprobs", "mem_keep",
                       "full_keep", "answer_ids", "answer_tokens", "policy_version", "tau", "filter_mode"}
-    GET /health
-Over ``scorer.max_request_tokens`` -> 413; malformed or inconsistent input -> 422 naming the field
-(400 for a body that is not JSON); the replica keeps serving.
+    GET|HEAD /health
+Over the token budget (``scorer.max_request_tokens``, never more than the model's positions) or
+the body size it implies -> 413; malformed or inconsistent input -> 422 naming the field (400 for
+a body that is not JSON; services/common/http.py); a full queue, or no scoring slot within
+``scorer.queue_timeout_s`` -> 503 with Retry-After (services/scorer/admission.py). The replica
+keeps serving. Text fields are user text: ``<|im_end|>`` in them is ordinary text, not a control
+token (services/common/model_io.py).
 
-Weights swap atomically: scoring and ``update_weights`` take the same lock, so a request is scored
-wholly by one version, and every response says which.
+Weights swap atomically: scoring calls share the model and ``update_weights`` waits for them to
+finish (and holds new ones back), so a request is scored wholly by one version, and every response
+says which.
 """
 
 from __future__ import annotations
@@ -34,15 +39,17 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ray import serve
 
 from services.common.codec import decode, encode
-from services.common.config import MempoConfig, replica_config
+from services.common.config import MempoConfig, replica_config, scorer_token_budget
+from services.common.http import ERROR_RESPONSES, ErrorBody, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
-from services.common.http import parse_model, read_json
 from services.common.messages import TrajectoryBatch, WeightUpdate
 from services.common.model_io import model_dtype, validate_weights
+from services.scorer.admission import Busy, Gate
 
 log = logging.getLogger("mempo.scorer")
 app = FastAPI(title="mempo scorer", description="MemPO memory reward: how likely is the gold answer after "
                                                 "the memory alone versus after the full history.")
+install_error_handlers(app)
 
 
 class ChatTurn(BaseModel):
@@ -63,11 +70,34 @@ class TextScoreRequest(BaseModel):
 
 
 class TokenScoreRequest(BaseModel):
+    """Score token ids: the continuation after each context; the answer is ``continuation_ids[start:end]``."""
+
     model_config = ConfigDict(extra="forbid")
     mem_context_ids: list[StrictInt]
     full_context_ids: list[StrictInt]
     continuation_ids: list[StrictInt]
     answer_span: tuple[StrictInt, StrictInt]
+
+
+class ScoreResponse(BaseModel):
+    """The memory reward of one request (docs/algorithm.md, section 4), scored by one policy version."""
+
+    p_mem: float
+    p_full: float
+    r_mem: float = Field(description="p_mem - p_full")
+    mem_logprobs: list[float]
+    full_logprobs: list[float]
+    mem_keep: list[bool]
+    full_keep: list[bool]
+    answer_ids: list[int]
+    answer_tokens: list[str]
+    policy_version: int
+    tau: float
+    filter_mode: str
+
+
+# before the class: @serve.ingress freezes a copy of the app
+document_body(app, "/score", TextScoreRequest, TokenScoreRequest)
 
 
 def _load_model(path: str, dtype: str):
@@ -91,16 +121,19 @@ class ScorerService:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.scorer = MemoryScorer(_load_model(self.model_dir, self.cfg.model.dtype), self.tokenizer, self.cfg)
         self.version = 0
-        self.lock = asyncio.Lock()
+        s = self.cfg.scorer
+        self.gate = Gate(s.max_queued_requests, s.max_concurrent_requests, s.queue_timeout_s)
+        self.positions = getattr(self.scorer.model.config, "max_position_embeddings", None)
+        self.max_tokens = scorer_token_budget(self.cfg, self.positions)
         self.vocab = len(self.tokenizer)
         self.replica = serve.get_replica_context().replica_id.unique_id
-        self.stats = {"score_calls": 0, "rest_calls": 0, "bad_requests": 0}
+        self.stats = {"score_calls": 0, "rest_calls": 0, "bad_requests": 0, "busy": 0}
 
     # -- training path ------------------------------------------------------------------------
 
     async def score(self, payload: bytes) -> bytes:
         batch = decode(payload, TrajectoryBatch)
-        async with self.lock:
+        async with self.gate.shared():
             out = await asyncio.to_thread(self.scorer.score_trajectories, batch, self.version)
         self.stats["score_calls"] += 1
         return encode(out)
@@ -114,26 +147,31 @@ class ScorerService:
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
         tensors = validate_weights(update.tensors, expected)
         t0 = time.perf_counter()
-        async with self.lock:  # no request is scored half with the old weights, half with the new
+        async with self.gate.exclusive():  # no request is scored half with the old weights, half with the new
             model.load_state_dict(tensors, strict=False)
             self.version = update.version
         return {"version": update.version, "seconds": time.perf_counter() - t0, "replica": self.replica}
 
-    RUNTIME_FIELDS = ("tau", "filter_mode", "mean_eps", "token_budget", "max_request_tokens")
+    RUNTIME_FIELDS = ("tau", "filter_mode", "mean_eps", "token_budget", "max_request_tokens", "max_queued_requests",
+                      "max_concurrent_requests", "queue_timeout_s")
 
     async def reconfigure(self, user_config: dict) -> None:
-        """Serve ``user_config``: change scorer.{tau, filter_mode, mean_eps, token_budget,
-        max_request_tokens} on the running replicas (no restart)."""
+        """Serve ``user_config``: change scorer.{tau, filter_mode, mean_eps, token_budget, max_request_tokens,
+        max_queued_requests, max_concurrent_requests, queue_timeout_s} on the running replicas (no restart)."""
         from services.common.config import updated_section
 
         section = updated_section(self.cfg.scorer, user_config, self.RUNTIME_FIELDS)
-        async with self.lock:
-            self.cfg.scorer = section
+        cfg = MempoConfig.model_validate({**self.cfg.model_dump(), "scorer": section.model_dump()})  # cross-field checks
+        async with self.gate.exclusive():
+            self.cfg = cfg
             self.scorer.cfg = section
+            self.max_tokens = scorer_token_budget(cfg, self.positions)
+            self.gate.configure(section.max_queued_requests, section.max_concurrent_requests, section.queue_timeout_s)
         log.info("scorer reconfigured: %s", user_config)
 
     def info(self) -> dict:
-        return {"version": self.version, "model": self.model_dir, "replica": self.replica, **self.stats}
+        return {"version": self.version, "model": self.model_dir, "replica": self.replica, **self.stats,
+                **self.gate.stats}
 
     # -- REST ---------------------------------------------------------------------------------
 
@@ -155,8 +193,11 @@ class ScorerService:
         if not answers or not all(a.strip() for a in answers):
             raise BadRequest(422, "answer", "must not be empty")
         system = req.system if req.system is not None else self.cfg.rollout.system_prompt
-        mem_ctx, full_ctx = text_contexts(self.tokenizer, system, questions, req.memory,
-                                          [t.model_dump() for t in req.history])
+        try:
+            mem_ctx, full_ctx = text_contexts(self.tokenizer, system, questions, req.memory,
+                                              [t.model_dump() for t in req.history])
+        except ValueError as e:
+            raise BadRequest(422, "history", str(e)) from None
         try:
             cont = build_continuation(self.tokenizer, self.cfg.scorer.answer_template,
                                       self.cfg.scorer.gold_joiner.join(a.strip() for a in answers), self.scorer.tt)
@@ -176,33 +217,42 @@ class ScorerService:
         return req.mem_context_ids, req.full_context_ids, Continuation("", list(req.continuation_ids), s, e)
 
     async def _parse(self, request: Request):
-        limit = 16 * self.cfg.scorer.max_request_tokens + 65536  # bytes: ids are at most ~8 chars each
+        limit = 16 * self.max_tokens + 65536  # bytes: ids are at most ~8 chars each
         data = await read_json(request, limit)
         model = TextScoreRequest if "question" in data else TokenScoreRequest if "continuation_ids" in data else None
         if model is None:
             raise BadRequest(422, "body", "give the text form (question, memory, history, answer) or the token "
                                           "form (mem_context_ids, full_context_ids, continuation_ids, answer_span)")
-        req = parse_model(model, data)
-        mem_ctx, full_ctx, cont = self._text_request(req) if model is TextScoreRequest else self._token_request(req)
+        return await asyncio.to_thread(self._prepare, parse_model(model, data))  # tokenising is off the event loop
+
+    def _prepare(self, req):
+        mem_ctx, full_ctx, cont = self._text_request(req) if isinstance(req, TextScoreRequest) else self._token_request(req)
         total = len(mem_ctx) + len(full_ctx) + 2 * len(cont.ids)
-        if total > self.cfg.scorer.max_request_tokens:
-            raise BadRequest(413, "body", f"{total} tokens to score, over the limit of {self.cfg.scorer.max_request_tokens}")
+        if total > self.max_tokens:
+            raise BadRequest(413, "body", f"{total} tokens to score, over the limit of {self.max_tokens} "
+                                          f"(scorer.max_request_tokens, at most the model's positions)")
         return mem_ctx, full_ctx, cont
 
-    @app.post("/score")
+    @app.post("/score", response_model=None, responses={200: {"model": ScoreResponse}, **ERROR_RESPONSES,
+                                                        503: {"model": ErrorBody, "description": "Busy: retry after "
+                                                              "the Retry-After header's seconds."}})
     async def score_rest(self, request: Request):
+        """Grade a memory: P(answer | system + question + memory) vs P(answer | the full history)."""
         try:
             mem_ctx, full_ctx, cont = await self._parse(request)
+            async with self.gate.rest():
+                out = await asyncio.to_thread(self.scorer.score_pair, mem_ctx, full_ctx, cont)
+                out["policy_version"] = self.version
         except BadRequest as e:
             self.stats["bad_requests"] += 1
             return e.response()
-        async with self.lock:
-            out = await asyncio.to_thread(self.scorer.score_pair, mem_ctx, full_ctx, cont)
-            out["policy_version"] = self.version
+        except Busy as e:
+            self.stats["busy"] += 1
+            return BadRequest(503, "queue", e.reason, {"Retry-After": str(e.retry_after)}).response()
         self.stats["rest_calls"] += 1
         return out
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health(self):
         return {"status": "ok", "policy_version": self.version, "model": self.model_dir,
                 "device": str(next(self.scorer.model.parameters()).device), **self.stats}
@@ -210,7 +260,8 @@ class ScorerService:
 
 def deployment_options(cfg: MempoConfig) -> dict:
     s = cfg.scorer
-    return {"num_replicas": s.replicas, "max_ongoing_requests": 32,
+    # room for the REST queue plus training-path calls, so that the queue's 503 answers, not Serve's
+    return {"num_replicas": s.replicas, "max_ongoing_requests": max(32, s.max_queued_requests + 16),
             "ray_actor_options": {"num_cpus": s.num_cpus, "num_gpus": s.num_gpus}}
 
 

@@ -1,15 +1,22 @@
 """The search service: a Ray Serve deployment, wire-compatible with Search-R1's ``/retrieve``.
 
-HTTP (FastAPI ingress):
+HTTP (FastAPI ingress; request and response schemas at /docs):
     POST /retrieve  {"queries": [str], "topk": int|null, "return_scores": bool}   (or {"query": str})
         -> {"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}   with scores
         -> {"result": [[{"id", "contents"}, ...], ...]}                                 without
-    GET /health     {"status": "ok", "backend", "corpus_size", "batching", ...}
-In-cluster (DeploymentHandle, no HTTP): ``await handle.search.remote(queries, topk)`` -> the same
-per-query lists as ``result`` with scores.
+    GET|HEAD /health  {"status": "ok", "backend", "corpus_size", "batching", ...}
+As Search-R1's server: ``queries`` required, ``topk`` optional (null = search.topk),
+``return_scores`` false by default. Every query gets exactly ``topk`` hits when the corpus has that
+many passages: BM25 finds none for a query of stop words or unknown terms, so the list is topped up
+with the first passages of the corpus (corpus order) that are not hits yet, at score 0 (clients
+index results by position, as Search-R1's own client does).
+In-cluster (DeploymentHandle, no HTTP): ``await handle.search.remote(queries, topk)`` -> the
+per-query lists with scores, unpadded (the agent sees what the index found, as the oracle that
+writes the SFT data does).
 
-Concurrent requests are merged server-side (``@serve.batch``) into one index pass. Bad input gets
-a 4xx JSON body ``{"error": ..., "field": ...}`` and the replica keeps serving. Replica count or
+Concurrent requests are merged server-side (``@serve.batch``) into one index pass. Bad input
+(services/common/http.py: not JSON, wrong types, over the body, query count or query length
+limits) gets a 4xx JSON body ``{"error": ..., "field": ...}`` and the replica keeps serving. Replica count or
 autoscaling, batching and limits all come from the ``search`` config section:
 
     from services.search_tool.service import search_app
@@ -21,28 +28,49 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Optional
+from typing import Optional, Union
 
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from ray import serve
 
 from services.common.config import MempoConfig, replica_config
+from services.common.http import ERROR_RESPONSES, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
-from services.common.http import parse_model, read_json
 
 log = logging.getLogger("mempo.search")
 app = FastAPI(title="mempo search", description="Search-R1 compatible retrieval for MemPO agents.")
+install_error_handlers(app)
 
 
 class RetrieveRequest(BaseModel):
     """Body of POST /retrieve (Search-R1's QueryRequest, plus the singular ``query`` form)."""
 
     model_config = ConfigDict(extra="forbid")
-    queries: Optional[list[StrictStr]] = None
-    query: Optional[StrictStr] = None
-    topk: Optional[StrictInt] = None
-    return_scores: StrictBool = False
+    queries: Optional[list[StrictStr]] = Field(None, description="The queries (give this or query).")
+    query: Optional[StrictStr] = Field(None, description="One query (give this or queries).")
+    topk: Optional[StrictInt] = Field(None, description="Passages per query; null = the server's search.topk.")
+    return_scores: StrictBool = Field(False, description="Wrap each passage as {document, score}.")
+
+
+class Document(BaseModel):
+    id: str
+    contents: str = Field(description='Search-R1 contents: "\"Title\"\ntext".')
+
+
+class ScoredHit(BaseModel):
+    document: Document
+    score: float
+
+
+class RetrieveResponse(BaseModel):
+    """One list per query, in query order, best first: scored hits, or plain documents."""
+
+    result: Union[list[list[ScoredHit]], list[list[Document]]]
+
+
+# before the class: @serve.ingress freezes a copy of the app
+document_body(app, "/retrieve", RetrieveRequest)
 
 
 def _hit(row: dict, score: float) -> dict:
@@ -65,11 +93,12 @@ class SearchService:
         self.stats = {"requests": 0, "queries": 0, "index_passes": 0, "max_batch": 0, "bad_requests": 0}
         log.info("search replica ready: %s over %d passages (%.1fs)", self.index.backend, len(self.index), self.load_s)
 
-    RUNTIME_FIELDS = ("topk", "max_topk", "max_queries", "max_body_bytes", "max_batch_size", "batch_wait_timeout_s")
+    RUNTIME_FIELDS = ("topk", "max_topk", "max_queries", "max_query_chars", "max_body_bytes", "max_batch_size",
+                      "batch_wait_timeout_s")
 
     def reconfigure(self, user_config: dict) -> None:
-        """Serve ``user_config``: change search.{topk, max_topk, max_queries, max_body_bytes, max_batch_size,
-        batch_wait_timeout_s} on the running replicas (no index reload)."""
+        """Serve ``user_config``: change search.{topk, max_topk, max_queries, max_query_chars, max_body_bytes,
+        max_batch_size, batch_wait_timeout_s} on the running replicas (no index reload)."""
         from services.common.config import updated_section
 
         self.cfg = updated_section(self.cfg, user_config, self.RUNTIME_FIELDS)
@@ -86,7 +115,11 @@ class SearchService:
             raise BadRequest(422, "queries", f"at most {self.cfg.max_queries} queries per request, got {len(queries)}")
         bad = next((i for i, q in enumerate(queries) if not isinstance(q, str)), None)
         if bad is not None:
-            raise BadRequest(422, f"queries[{bad}]", f"must be a string, got {type(queries[bad]).__name__}")
+            raise BadRequest(422, f"queries.{bad}", f"must be a string, got {type(queries[bad]).__name__}")
+        long = next((i for i, q in enumerate(queries) if len(q) > self.cfg.max_query_chars), None)
+        if long is not None:
+            raise BadRequest(413, f"queries.{long}", f"{len(queries[long])} characters, over the limit of "
+                                                      f"{self.cfg.max_query_chars} per query")
         k = self.cfg.topk if topk is None else topk
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.cfg.max_topk:
             raise BadRequest(422, "topk", f"must be an integer in [1, {self.cfg.max_topk}], got {topk!r}")
@@ -127,10 +160,23 @@ class SearchService:
     def get_stats(self) -> dict:
         return dict(self.stats)
 
+    def _padded(self, hits: list[tuple[dict, float]], k: int) -> list[tuple[dict, float]]:
+        """``hits`` topped up to ``k`` with the corpus's first passages not among them, at score 0."""
+        if len(hits) >= k:
+            return hits[:k]
+        out, seen = list(hits), {id(r) for r, _ in hits}
+        for row in self.index.rows:
+            if len(out) >= k:
+                break
+            if id(row) not in seen:
+                out.append((row, 0.0))
+        return out
+
     # -- HTTP -------------------------------------------------------------------------------
 
-    @app.post("/retrieve")
+    @app.post("/retrieve", response_model=None, responses={200: {"model": RetrieveResponse}, **ERROR_RESPONSES})
     async def retrieve(self, request: Request):
+        """Search-R1's /retrieve: the top ``topk`` passages of every query."""
         try:
             req = parse_model(RetrieveRequest, await read_json(request, self.cfg.max_body_bytes))
             if (req.queries is None) == (req.query is None):
@@ -140,12 +186,12 @@ class SearchService:
         except BadRequest as e:
             self.stats["bad_requests"] += 1
             return e.response()
-        hits = await self._search(queries, k)
+        hits = [self._padded(h, k) for h in await self._search(queries, k)]
         if req.return_scores:
             return {"result": [[_hit(r, s) for r, s in h] for h in hits]}
         return {"result": [[{"id": r["id"], "contents": r["contents"]} for r, _ in h] for h in hits]}
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health(self):
         return {"status": "ok", "backend": self.index.backend, "corpus_size": len(self.index),
                 "index_loaded": True, "batching": self.cfg.batching, "load_s": round(self.load_s, 3),

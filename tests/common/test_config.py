@@ -196,3 +196,18 @@ def test_deploy_configs_load(path):
     assert isinstance(cfg, MempoConfig)
     # and they survive a dump / reload
     assert MempoConfig.model_validate(yaml.safe_load(to_yaml(cfg))) == cfg
+
+
+def test_scorer_token_budget_never_exceeds_the_model_positions():
+    from services.common.config import scorer_token_budget
+
+    tiny = load_config("deploy/configs/tiny.yaml")  # engine.max_model_len 2048 < the model's 4096 positions
+    assert tiny.scorer.max_request_tokens == 0 and scorer_token_budget(tiny) == 2048
+    assert scorer_token_budget(tiny, loaded_positions=1024) == 1024  # a loaded model's own limit wins
+    assert scorer_token_budget(load_config("deploy/configs/tiny.yaml", ["scorer.max_request_tokens=500"])) == 500
+    with pytest.raises(ConfigError, match=r"scorer.max_request_tokens \(32768\) exceeds the model's 2048 positions"):
+        load_config("deploy/configs/tiny.yaml", ["scorer.max_request_tokens=32768"])
+    with pytest.raises(ConfigError, match="4096 positions"):
+        load_config(None, ["scorer.max_request_tokens=5000", "engine.max_model_len=8192"])
+    # a real model's positions are not in the config: the engine length bounds it, the replica checks the rest
+    assert scorer_token_budget(load_config(None, ["model.path=/some/model", "engine.max_model_len=8192"])) == 8192

@@ -1,5 +1,5 @@
-"""The search deployment on a local Ray: HTTP and handle, Search-R1 wire compatibility, bad input,
-server-side batching, recall of the planted passages."""
+"""The search deployment on a local Ray: HTTP and handle, Search-R1 wire compatibility (exactly topk
+hits), bad input, HEAD /health and /docs schemas, server-side batching, recall of the planted passages."""
 
 import asyncio
 import json
@@ -43,6 +43,21 @@ def test_health(search, world):
     body = r.json()
     assert body["status"] == "ok" and body["backend"] == "bm25" and body["index_loaded"] is True
     assert body["corpus_size"] == sum(1 for _ in open(world / "corpus.jsonl"))
+    head = httpx.head(f"{url}/health", timeout=30)  # load balancers probe with HEAD
+    assert head.status_code == 200 and head.content == b""
+
+
+def test_docs_show_request_and_response_schemas(search):
+    _, url = search
+    spec = httpx.get(f"{url}/openapi.json", timeout=30).json()
+    post = spec["paths"]["/retrieve"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/RetrieveRequest"}
+    assert post["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/RetrieveResponse")
+    assert post["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    schemas = spec["components"]["schemas"]
+    assert set(schemas["RetrieveRequest"]["properties"]) == {"queries", "query", "topk", "return_scores"}
+    assert {"ScoredHit", "Document"} <= set(schemas)
+    assert httpx.get(f"{url}/docs", timeout=30).status_code == 200
 
 
 def test_recall_at_3_over_http_and_handle(search, world):
@@ -87,7 +102,24 @@ def test_plain_documents_singular_query_and_defaults(search, index):
     single = httpx.post(f"{url}/retrieve", json={"query": "Gerkville city country", "topk": 2}, timeout=30).json()
     assert [d["id"] for d in single["result"][0]] == [d["id"] for d in r["result"][0][:2]]
     empty = httpx.post(f"{url}/retrieve", json={"queries": ["   ", "Gerkville"], "topk": 2}, timeout=30).json()
-    assert empty["result"][0] == [] and len(empty["result"][1]) >= 1
+    assert [d["id"] for d in empty["result"][0]] == [r["id"] for r in index.rows[:2]] and len(empty["result"][1]) == 2
+
+
+def test_exactly_topk_hits_padded_in_corpus_order_at_score_zero(search, index):
+    """BM25 finds nothing for stop words or unknown terms; Search-R1 clients index hits by position."""
+    _, url = search
+    queries = ["zzqqxx", "the of and", "   ", "Gerkville city country"]
+    r = httpx.post(f"{url}/retrieve", json={"queries": queries, "topk": 5, "return_scores": True}, timeout=30).json()
+    assert [len(h) for h in r["result"]] == [5, 5, 5, 5]
+    first = [row["id"] for row in index.rows[:5]]
+    for hits in r["result"][:3]:
+        assert [h["document"]["id"] for h in hits] == first and all(h["score"] == 0.0 for h in hits)
+    found = index.search(queries[3:], 5)[0]
+    real = r["result"][3][:len(found)]
+    assert [(h["document"]["id"], h["score"]) for h in real] == [(row["id"], s) for row, s in found]
+    pad = [h["document"]["id"] for h in r["result"][3][len(found):]]
+    assert all(h["score"] == 0.0 for h in r["result"][3][len(found):])
+    assert pad == [i for i in (row["id"] for row in index.rows) if i not in {row["id"] for row, _ in found}][:len(pad)]
 
 
 BAD = [
@@ -100,6 +132,11 @@ BAD = [
     ({"queries": ["x"], "bogus": 1}, 422, "bogus"),
     ({"queries": ["x"], "query": "y"}, 422, "queries"),
     ({}, 422, "queries"),
+    ({"queries": ["x"], "topk": True}, 422, "topk"),                  # a bool is not an int
+    ({"queries": ["x"], "topk": 10**300}, 422, "topk"),
+    ({"queries": ["x"], "return_scores": "yes"}, 422, "return_scores"),
+    ({"queries": [["nested"]]}, 422, "queries.0"),
+    ({"queries": ["x" * 4097]}, 413, "queries.0"),                     # over search.max_query_chars
 ]
 
 
@@ -122,6 +159,16 @@ def test_malformed_and_oversized_bodies(search, tiny_cfg):
     big = {"queries": ["x" * (tiny_cfg.search.max_body_bytes + 10)]}
     r = httpx.post(f"{url}/retrieve", json=big, timeout=30)
     assert r.status_code == 413
+    for raw in (b'{"queries": ["x"], "topk": ' + b"9" * 5000 + b"}",    # over Python's int digit limit
+                b'{"queries": ' + b"[" * 3000 + b"]" * 3000 + b"}",       # RecursionError in the parser
+                b'{"queries": ["x"], "topk": NaN}', b'{"queries": ["\xff"]}'):
+        r = httpx.post(f"{url}/retrieve", content=raw, headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 400 and r.json()["field"] == "body", (raw[:40], r.text)
+    raw = b'{"queries": ["ok", "lone \\ud800 surrogate"]}'  # valid JSON, not valid text
+    r = httpx.post(f"{url}/retrieve", content=raw, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 422 and r.json()["field"] == "queries.1", r.text
+    r = httpx.get(f"{url}/retrieve", timeout=30)
+    assert r.status_code == 405 and set(r.json()) == {"error", "field"}
     assert httpx.post(f"{url}/retrieve", json={"query": "Gerkville"}, timeout=30).status_code == 200
 
 
