@@ -169,6 +169,7 @@ class ScorerConfig(_Section):
     replicas: int = Field(1, ge=1, description="Scorer deployment replicas.")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per scorer replica.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per scorer replica (1 on GPU clusters).")
+    call_retries: int = Field(2, ge=0, description="Driver retries of a scoring call whose replica failed.")
 
 
 class AlgorithmConfig(_Section):
@@ -258,6 +259,20 @@ class MempoConfig(_Section):
         if self.scorer.max_request_tokens > positions:
             raise ValueError(f"scorer.max_request_tokens ({self.scorer.max_request_tokens}) exceeds the model's "
                              f"{positions} positions (engine.max_model_len, model.max_position_embeddings)")
+        return self
+
+    @model_validator(mode="after")
+    def _budgets_and_groups_fit(self) -> "MempoConfig":
+        r = self.rollout
+        if r.max_context_tokens + r.max_response_tokens > self.engine.max_model_len:
+            raise ValueError(f"rollout.max_context_tokens ({r.max_context_tokens}) + rollout.max_response_tokens "
+                             f"({r.max_response_tokens}) exceeds engine.max_model_len ({self.engine.max_model_len}): "
+                             f"a turn near the context limit would get a cut response budget; lower one or raise "
+                             f"the engine length")
+        if r.n < 2:  # services/learner/advantages.py: a group of one has std 0, so A_out = 0 for every episode
+            raise ValueError(f"rollout.n ({r.n}) must be at least 2: GRPO normalises each reward within its "
+                             f"prompt's group of rollout.n episodes, and a group of one gives every episode "
+                             f"an outcome advantage of 0 (nothing to learn from)")
         return self
 
 
@@ -384,7 +399,7 @@ def updated_section(section: BaseModel, changes: dict, allowed: tuple[str, ...])
 # Replica counts are Serve deployment options, and the loop's length and eval cadence only concern
 # the driver: leaving them out of the config replicas are built with makes "more rollout replicas"
 # or "train for longer" a lightweight Serve update (running replicas stay) instead of a redeploy.
-_DRIVER_ONLY_FIELDS = {"rollout": {"replicas"}, "scorer": {"replicas"},
+_DRIVER_ONLY_FIELDS = {"rollout": {"replicas"}, "scorer": {"replicas", "call_retries"},
                        "search": {"replicas", "autoscaling", "min_replicas", "max_replicas", "target_ongoing_requests"},
                        "train": {"steps", "eval_every"}, "eval": True}
 

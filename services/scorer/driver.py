@@ -5,7 +5,8 @@
 
 Each TrajectoryBatch ref is passed as the call's top-level argument, so the replica reads the
 bytes straight from the object store; the driver never decodes them. Results are refs the driver
-owns, in the order of ``traj_refs``; Serve spreads the calls over the scorer replicas.
+owns, in the order of ``traj_refs``; Serve spreads the calls over the scorer replicas. A failed
+call is sent again up to ``scorer.call_retries`` times.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from services.common.config import MempoConfig
 class ScorerDriver:
     def __init__(self, handle, cfg: MempoConfig, retries: int | None = None):
         self.handle = handle
-        self.retries = cfg.rollout.call_retries if retries is None else retries
+        self.retries = cfg.scorer.call_retries if retries is None else retries
         self.stats = {"calls": 0, "retries": 0}
 
     def score(self, traj_refs: list["ray.ObjectRef"]) -> list["ray.ObjectRef"]:

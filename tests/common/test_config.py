@@ -188,6 +188,31 @@ def test_cli(capsys, tmp_path):
     assert "scorer.tau" in capsys.readouterr().out
 
 
+def test_context_and_response_budgets_must_fit_the_engine():
+    ok = load_config(None, ["rollout.max_context_tokens=3000", "rollout.max_response_tokens=1096"])
+    assert ok.rollout.max_context_tokens + ok.rollout.max_response_tokens == ok.engine.max_model_len
+    with pytest.raises(ConfigError, match=r"rollout.max_context_tokens \(3584\) \+ rollout.max_response_tokens "
+                                          r"\(513\) exceeds engine.max_model_len \(4096\)"):
+        load_config(None, ["rollout.max_response_tokens=513"])
+    with pytest.raises(ConfigError, match="engine.max_model_len"):
+        load_config("deploy/configs/tiny.yaml", ["engine.max_model_len=1600"])
+
+
+def test_grpo_needs_groups_of_at_least_two():
+    assert load_config(None, ["rollout.n=2"]).rollout.n == 2
+    with pytest.raises(ConfigError, match=r"rollout.n \(1\) must be at least 2: GRPO"):
+        load_config(None, ["rollout.n=1"])
+
+
+def test_the_scorer_has_its_own_call_retries_and_replicas_do_not_see_them():
+    from services.common.config import replica_config
+    from services.scorer.driver import ScorerDriver
+
+    cfg = load_config(None, ["scorer.call_retries=5", "rollout.call_retries=1"])
+    assert ScorerDriver(None, cfg).retries == 5
+    assert replica_config(cfg) == replica_config(load_config(None, ["rollout.call_retries=1"]))  # a driver setting
+
+
 @pytest.mark.parametrize("path", DEPLOY_CONFIGS or [None], ids=lambda p: p.name if p else "none")
 def test_deploy_configs_load(path):
     if path is None:
