@@ -137,6 +137,7 @@ BAD = [
     ({"queries": ["x"], "return_scores": "yes"}, 422, "return_scores"),
     ({"queries": [["nested"]]}, 422, "queries.0"),
     ({"queries": ["x" * 4097]}, 413, "queries.0"),                     # over search.max_query_chars
+    ({"queries": ["x"] * 513}, 422, "queries"),                         # over search.max_queries
 ]
 
 
@@ -172,11 +173,14 @@ def test_malformed_and_oversized_bodies(search, tiny_cfg):
     assert httpx.post(f"{url}/retrieve", json={"query": "Gerkville"}, timeout=30).status_code == 200
 
 
-def test_handle_rejects_bad_input_and_keeps_serving(search):
+def test_handle_rejects_bad_input_and_keeps_serving(search, index):
     handle, _ = search
     with pytest.raises(Exception, match="topk"):
         handle.search.remote(["x"], 0).result()
-    assert len(handle.search.remote(["Gerkville"], 1).result()[0]) == 1
+    with pytest.raises(Exception, match="queries.0"):
+        handle.search.remote(["x" * 5000], 1).result()
+    title = index.rows[0]["contents"].split("\n")[0].strip('"')  # a name this world's corpus has
+    assert len(handle.search.remote([title], 1).result()[0]) == 1
 
 
 def test_concurrent_handle_calls_are_batched(search, index):
