@@ -210,12 +210,12 @@ class TrainConfig(_Section):
     sft_dir: str = Field("", description="Where `mempo sft` writes the cold-start policy and RL reads it; empty = <run_dir>/sft/model. `mempo compare` points every variant at one.")
     prompts_per_step: int = Field(128, ge=1, description="Prompts per step (reference 128; each gets rollout.n rollouts).")
     sft_epochs: int = Field(1, ge=0, description="Epochs over the oracle trajectories in the SFT cold start.")
+    sft_lr_schedule: Literal["constant", "cosine"] = Field("constant", description="SFT learning rate: constant learner.sft_lr, or 5% warm-up then cosine decay to a tenth of it.")
     sft_steps: int = Field(0, ge=0, description="SFT steps; 0 = train.sft_epochs passes over the turns. A cap that keeps the cold start inside a time budget when the oracle writes many trajectories.")
     sft_data: str = Field("world", description="SFT trajectories: JSONL rows with 'messages' (a finished transcript) and 'em'; 'world' = the world's oracle.jsonl.")
     sft_min_em: float = Field(1.0, ge=0.0, le=1.0, description="Keep only SFT trajectories whose answer scored at least this EM (rejection sampling).")
     sft_batch_size: int = Field(32, ge=1, description="Turns (context, response samples) per SFT step.")
     eval_every: int = Field(10, ge=1, description="Evaluate every N steps.")
-    sft_lr_schedule: Literal["constant", "cosine"] = Field("constant", description="SFT learning rate: constant learner.sft_lr, or 5% warm-up then cosine decay to a tenth of it.")
     seed: int = Field(0, description="Seed of data order and sampling.")
     run_dir: str = Field("runs/default", description="Where checkpoints, logs and reports go.")
 
