@@ -87,27 +87,14 @@ def compare(path: str | None, overrides: list[str], variants: list[str] | None =
 
 def plot_compare(metrics: dict[str, Path], out: Path) -> Path:
     """Held-out EM (periodic evals), peak and total tokens per step, one line per variant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    from services.pipeline.report import draw_panels
     from services.pipeline.runlog import read_rows
 
-    panels = (("held-out EM", "eval", "em"), ("peak tokens per turn (train)", "train", "rollout/peak_tokens_mean"),
-              ("total tokens per episode (train)", "train", "rollout/total_tokens_mean"))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, (title, kind, key) in zip(axes, panels):
-        for name, path in metrics.items():
-            rows = read_rows(path, kind) if path.is_file() else []
-            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", markersize=3, label=name)
-        ax.set_title(title)
-        ax.set_xlabel("RL step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    def rows(path: Path, kind: str) -> list[dict]:
+        return read_rows(path, kind) if path.is_file() else []
+
+    panels = [(title, [(key, rows(path, kind), name) for name, path in metrics.items()])
+              for title, kind, key in (("held-out EM", "eval", "em"),
+                                       ("peak tokens per turn (train)", "train", "rollout/peak_tokens_mean"),
+                                       ("total tokens per episode (train)", "train", "rollout/total_tokens_mean"))]
+    return draw_panels(panels, out)

@@ -104,12 +104,6 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     evals = read_rows(metrics_path, "eval")
     if not train and not evals:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
     panels = [
         ("outcome reward (train)", [("reward_mean", train, "reward"),
                                     ("groups_with_variance", train, "groups with reward variance")]),
@@ -121,9 +115,20 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
                                           ("rollout/peak_tokens_max", train, "max")]),
         ("turns per episode (train)", [("rollout/turns_mean", train, "turns")]),
     ]
+    return draw_panels(panels, out, rows=2, figsize=(14, 7.5))
+
+
+def draw_panels(panels: list, out: Path, rows: int = 1, figsize=(15, 4.2)) -> Path:
+    """One subplot per (title, [(metric key, metrics rows, label), ...]), against the RL step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(rows, -(-len(panels) // rows), figsize=figsize, squeeze=False)
     for ax, (title, series) in zip(axes.flat, panels):
-        for key, rows, label in series:
-            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        for key, metric_rows, label in series:
+            pts = [(r["step"], r[key]) for r in metric_rows if isinstance(r.get(key), (int, float))]
             if pts:
                 ax.plot(*zip(*pts), marker="o", markersize=3, label=label)
         ax.set_title(title)
