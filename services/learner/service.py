@@ -102,7 +102,7 @@ class LearnerService:
         t1 = time.perf_counter()
         report = self.publisher.publish(self.group.full_state_dict(), self.version) if self.publisher.handles else {}
         n = max(1, len(adv_metrics))
-        for key in ("reward_mean", "f1_mean", "format_ok_share"):
+        for key in ("reward_mean", "f1_mean", "format_ok_share", "groups_with_variance"):
             metrics[key] = sum(m[key] for m in adv_metrics) / n
         metrics.update(version=self.version, step=self.step_no, prepare_s=prep_s, publish_s=time.perf_counter() - t1,
                        published_replicas=report.get("replicas", 0), samples=len(batch.cu_seqlens) - 1,
