@@ -128,15 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  (of the codec's encode, {val_s:.4f} s is field validation)")
 
     if args.ray:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         import ray
 
         from services.common.transport import get_message, put_message
 
         t0 = time.perf_counter()
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 object_store_memory=max(200_000_000, 4 * len(raw)))
+        from services.common.local_ray import local_init_options
+
+        ray.init(**local_init_options(num_cpus=1, object_store_memory=max(200_000_000, 4 * len(raw))))
         print(f"\nray {ray.__version__}: local cluster up in {time.perf_counter() - t0:.1f} s")
         try:
             def store_rt():

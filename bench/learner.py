@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
@@ -92,12 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from services.common.config import load_config
+    from services.common.local_ray import local_init_options
     from services.world.build import build_world
 
     cfg = load_config(args.config, ["learner.micro_token_budget=4096"])
     world = build_world(cfg, progress=False)
     tok = AutoTokenizer.from_pretrained(world / "model")
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, object_store_memory=1_000_000_000)
+    ray.init(**local_init_options(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cases = [("tiny", str(world / "model"), make_batch(cfg, world, tok, args.prompts, 4)),

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
@@ -71,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from services.common.config import load_config
     from services.common.data import load_prompts
+    from services.common.local_ray import local_init_options
     from services.common.messages import PromptBatch
     from services.rollout.agent import AgentLoop
     from services.rollout.engine import PolicyEngine
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     world = build_world(base, progress=False)
     model = grammar_model(world, Path(".cache/test-models"))
     cfg = load_config(args.config, [f"model.path={model}", "search.num_cpus=0.25", *args.overrides])
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, object_store_memory=300_000_000)
+    ray.init(**local_init_options(num_cpus=os.cpu_count(), object_store_memory=300_000_000))
     serve.start(http_options={"host": "127.0.0.1", "port": 8125})
     search = SearchClient.from_handle(serve.run(search_app(cfg), name="search", route_prefix="/"), cfg.search)
 

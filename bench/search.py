@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 CONCURRENCY = (1, 8, 64)
@@ -89,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     from services.common.config import load_config
+    from services.common.local_ray import local_init_options
     from services.search_tool.service import search_app
     from services.world.build import build_world
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     plain = load_config(args.config, ["search.batching=false", "search.num_cpus=0.5"])
     world = build_world(batched, progress=False)
     queries = _queries(world)
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, object_store_memory=300_000_000)
+    ray.init(**local_init_options(num_cpus=os.cpu_count(), object_store_memory=300_000_000))
     port = 8123
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     handles = {"batched": serve.run(search_app(batched), name="search_b", route_prefix="/b"),

@@ -12,7 +12,6 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -30,12 +29,14 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray cluster shared by every test of the session."""
+    """A local Ray cluster shared by every test of the session, started as ``mempo`` starts its own
+    (loopback only, token auth on: services/common/local_ray.py)."""
     import ray
 
+    from services.common.local_ray import local_init_options
+
     if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=400_000_000, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
+        ray.init(**local_init_options(num_cpus=2, object_store_memory=400_000_000))
     yield ray
     ray.shutdown()
 

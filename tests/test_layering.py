@@ -19,7 +19,7 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 def _package(module: str) -> str | None:
     """'services.rollout.agent' -> 'rollout'; None for anything outside services."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "services" and len(parts) > 1 else None
+    return parts[1] if parts[0] == "services" and len(parts) > 1 and parts[1] != "__init__" else None
 
 
 def _imports(path: Path, root: Path) -> list[tuple[int, str]]:

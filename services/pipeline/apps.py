@@ -66,18 +66,17 @@ def application(cfg: MempoConfig, service: str):
 
 
 def connect(cfg: MempoConfig, with_serve: bool = True) -> None:
-    """Join ``ray.address`` (or start a local cluster) and, unless told not to, start Serve."""
+    """Join ``ray.address`` (or start a loopback-only local cluster) and, unless told not to, start Serve."""
     import ray
     from ray import serve
 
+    from services.common.local_ray import join_options, local_init_options
+
     if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
         if cfg.ray.address:
-            kwargs["address"] = cfg.ray.address
-        else:
-            kwargs.update(num_cpus=cfg.ray.num_cpus or None, object_store_memory=cfg.ray.object_store_memory,
-                          include_dashboard=False)
-        ray.init(**kwargs)
+            ray.init(**join_options(cfg.ray.address))
+        else:  # a cluster of our own: loopback only, token auth on (services/common/local_ray.py)
+            ray.init(**local_init_options(cfg.ray.num_cpus or None, cfg.ray.object_store_memory))
     for name in ("ray", "ray.serve"):  # keep the console to mempo's own lines
         logging.getLogger(name).setLevel(logging.WARNING)
     if with_serve:

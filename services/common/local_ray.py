@@ -1,0 +1,121 @@
+"""A Ray cluster that mempo starts itself: every Ray and Serve port on loopback, token auth on.
+
+    ray.init(**local_init_options(num_cpus, object_store_memory))
+
+is how ``mempo`` (services/pipeline/apps.py ``connect``, when ``ray.address`` is empty), the tests'
+session cluster and the benches start Ray. What each piece closes (Ray 2.60):
+
+- **Node address 127.0.0.1, single node.** On Linux Ray turns a loopback ``_node_ip_address`` into
+  the machine's routable address unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` says the cluster is
+  single-node (``resolve_ip_for_localhost`` in ray/_private/services.py). With both, the GCS, raylet,
+  object manager, worker gRPC servers, dashboard agent, metrics export and runtime-env agent listen
+  on 127.0.0.1, and ``ray start --address`` refuses to join another node from this environment.
+- **No dashboard** (``include_dashboard=False``; its host is 127.0.0.1 should it be turned on).
+- **Serve replicas.** Each replica opens an inter-deployment gRPC server on ``[::]:0`` whatever the
+  node's address; :func:`keep_serve_grpc_on_loopback` (called from services/__init__.py, which every
+  replica imports to unpickle its deployment) binds it to 127.0.0.1 on a loopback node. Serve's HTTP
+  proxy listens on ``ray.http_host`` (127.0.0.1 by default).
+- **Token authentication stays on.** Nothing here disables it: with ``RAY_AUTH_MODE`` unset (or
+  ``token``) Ray 2.60 enables it for a new local cluster. The token is Ray's default file,
+  ``~/.ray/auth_token``, created here readable by its owner only (Ray writes it with the umask's
+  mode) and without a race between two first starts; ``mempo scale`` and the ``ray``/``serve`` CLIs
+  of the same user find it there.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+LOOPBACK = "127.0.0.1"
+# The environment a loopback-only node needs in every process that starts Ray (ray.init, ray start).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+TOKEN_ENV = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def local_init_options(num_cpus: int | None, object_store_memory: int | None) -> dict[str, Any]:
+    """``ray.init`` keyword arguments for a new local cluster (and the environment it needs)."""
+    use_loopback_node()
+    # Ray 2.60 turns token auth on for a cluster ray.init starts when RAY_AUTH_MODE is unset (and
+    # refreshes its cached config then; setting the variable here, after `import ray`, would not).
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
+        ensure_token()
+    return {"num_cpus": num_cpus, "object_store_memory": object_store_memory, "_node_ip_address": LOOPBACK,
+            "include_dashboard": False, "dashboard_host": LOOPBACK,
+            "log_to_driver": False, "configure_logging": False}
+
+
+def join_options(address: str) -> dict[str, Any]:
+    """``ray.init`` keyword arguments to join a running cluster. A loopback address, or ``auto`` (which
+    finds a cluster on this machine), keeps its 127.0.0.1: Ray would otherwise rewrite it to the
+    routable address, where a loopback-only GCS does not listen."""
+    host = address.split("://")[-1].rsplit(":", 1)[0]
+    if address == "auto" or is_loopback(host):
+        use_loopback_node()
+    return {"address": address, "log_to_driver": False, "configure_logging": False}
+
+
+def use_loopback_node() -> None:
+    """Tell Ray (this process and what it starts) that the node's address is loopback, not routable."""
+    os.environ.update(LOOPBACK_ENV)
+    if "ray._private.ray_constants" in sys.modules:  # read at import: also set it when ray came first
+        sys.modules["ray._private.ray_constants"].ENABLE_RAY_CLUSTER = False
+
+
+def ensure_token(home: Path | None = None) -> Path | None:
+    """Create Ray's default token file (mode 0600) if no token is given; returns its path."""
+    if any(os.environ.get(k) for k in TOKEN_ENV):
+        return None
+    path = (home or Path.home()) / ".ray" / "auth_token"
+    if path.exists():
+        return path
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".auth_token.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))  # what `ray get-auth-token --generate` writes
+    try:
+        os.link(tmp, path)  # atomic and never overwrites: of two first starts, one token wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def keep_serve_grpc_on_loopback() -> None:
+    """In a Serve replica process, bind its inter-deployment gRPC server to 127.0.0.1 instead of
+    ``[::]`` when the node's address is loopback (no-op elsewhere, and once only)."""
+    replica = sys.modules.get("ray.serve._private.replica")
+    add_port = getattr(replica, "add_port_to_grpc_server", None)
+    if add_port is None or getattr(add_port, "_mempo_loopback", False):
+        return
+
+    def add_port_on_loopback(server, address: str):
+        host, _, port = address.rpartition(":")
+        if host in ("[::]", "0.0.0.0", "") and _node_is_loopback():
+            address = f"{LOOPBACK}:{port}"
+        return add_port(server, address)
+
+    add_port_on_loopback._mempo_loopback = True
+    replica.add_port_to_grpc_server = add_port_on_loopback
+
+
+def _node_is_loopback() -> bool:
+    import ray
+
+    try:
+        return is_loopback(ray.util.get_node_ip_address())
+    except Exception:  # not connected: leave Ray's choice alone
+        return False

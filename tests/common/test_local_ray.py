@@ -1,0 +1,62 @@
+"""The options of a cluster mempo starts itself (services/common/local_ray.py), without starting Ray."""
+
+import os
+import stat
+import types
+
+import pytest
+
+from services.common import local_ray
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for key in (*local_ray.TOKEN_ENV, "RAY_AUTH_MODE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in local_ray.LOOPBACK_ENV.items():  # restored after the test, whatever it sets
+        monkeypatch.setenv(key, "1")
+    ray_constants = pytest.importorskip("ray._private.ray_constants")
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    return tmp_path
+
+
+def test_local_options_bind_loopback_and_keep_auth_on(clean_env):
+    opts = local_ray.local_init_options(num_cpus=2, object_store_memory=100_000_000)
+    assert opts["_node_ip_address"] == opts["dashboard_host"] == "127.0.0.1" and opts["include_dashboard"] is False
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    import ray._private.ray_constants as ray_constants
+
+    assert ray_constants.ENABLE_RAY_CLUSTER is False
+    assert "RAY_AUTH_MODE" not in os.environ  # Ray's default for a local cluster: token auth on
+    token = clean_env / ".ray" / "auth_token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
+
+
+def test_token_is_created_once_and_an_explicit_token_wins(clean_env, monkeypatch):
+    first = local_ray.ensure_token()
+    text = first.read_text()
+    assert local_ray.ensure_token() == first and first.read_text() == text
+    assert [p.name for p in first.parent.iterdir()] == ["auth_token"]  # no temp file left
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "x" * 64)
+    assert local_ray.ensure_token() is None
+
+
+def test_joining_a_loopback_cluster_keeps_its_address(clean_env):
+    local_ray.join_options("10.1.2.3:6379")
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"
+    assert local_ray.join_options("127.0.0.1:6379")["address"] == "127.0.0.1:6379"
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+
+
+def test_serve_replica_grpc_moves_to_loopback_on_a_loopback_node(monkeypatch):
+    bound = []
+    fake = types.SimpleNamespace(add_port_to_grpc_server=lambda server, address: bound.append(address) or 1)
+    monkeypatch.setitem(__import__("sys").modules, "ray.serve._private.replica", fake)
+    monkeypatch.setattr(local_ray, "_node_is_loopback", lambda: True)
+    local_ray.keep_serve_grpc_on_loopback()
+    local_ray.keep_serve_grpc_on_loopback()  # once only
+    fake.add_port_to_grpc_server(None, "[::]:0")
+    monkeypatch.setattr(local_ray, "_node_is_loopback", lambda: False)
+    fake.add_port_to_grpc_server(None, "[::]:0")
+    assert bound == ["127.0.0.1:0", "[::]:0"]
