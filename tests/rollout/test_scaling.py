@@ -21,7 +21,8 @@ APP = "rollout2"
 @pytest.fixture(scope="module")
 def two_replicas(search_service, world):
     # the untrained world model never answers, so every episode runs all its turns: calls are long
-    cfg = load_config("deploy/configs/tiny.yaml", ["rollout.replicas=2", "rollout.num_cpus=0.5",
+    # model.path names the session world's model: max_turns shapes the world's key, and replicas never build one
+    cfg = load_config("deploy/configs/tiny.yaml", [f"model.path={world / 'model'}", "rollout.replicas=2", "rollout.num_cpus=0.5",
                                                    "rollout.groups_per_call=1", "rollout.max_turns=4",
                                                    "rollout.max_response_tokens=64", "rollout.call_retries=3"])
     handle = serve.run(rollout_app(cfg), name=APP, route_prefix=None)
