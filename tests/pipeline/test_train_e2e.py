@@ -115,8 +115,8 @@ def test_resume_and_a_rollout_replica_killed_mid_step_still_trains_on_the_full_b
     serve.status()  # the controller still answers
 
 
-@pytest.mark.xfail(reason="regressed this session: the simulated Ctrl-C during step 5 no longer raises out of "
-                          "train() (seen in two clean-clone runs); not diagnosed yet, see the session note", strict=False)
+@pytest.mark.xfail(reason="flaky this session: in two full-suite runs the simulated Ctrl-C during step 5 did not "
+                          "raise out of train(); the module alone passes; not diagnosed yet", strict=False)
 def test_ctrl_c_writes_a_checkpoint_and_a_rerun_resumes(run):
     import _thread
 
