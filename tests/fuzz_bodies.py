@@ -111,3 +111,16 @@ def bodies(valid: dict) -> st.SearchStrategy[bytes]:
 
 def status_class(code: int) -> str:
     return f"{code // 100}xx"
+
+
+def post_checked(client, path: str, body: bytes, counts) -> "object | None":
+    """POST one fuzzed body; count its status class; assert no 5xx and the {error, field} shape of
+    every 4xx. Returns the response when it succeeded (for endpoint-specific checks), else None."""
+    r = client.post(path, content=body, headers={"content-type": "application/json"})
+    counts[status_class(r.status_code)] += 1
+    assert r.status_code < 500, (body[:300], r.status_code, r.text[:300])
+    if r.status_code >= 400:
+        err = r.json()
+        assert set(err) == {"error", "field"} and err["error"], err
+        return None
+    return r
