@@ -215,6 +215,7 @@ class TrainConfig(_Section):
     sft_data: str = Field("world", description="SFT trajectories: JSONL rows with 'messages' (a finished transcript) and 'em'; 'world' = the world's oracle.jsonl.")
     sft_min_em: float = Field(1.0, ge=0.0, le=1.0, description="Keep only SFT trajectories whose answer scored at least this EM (rejection sampling).")
     sft_batch_size: int = Field(32, ge=1, description="Turns (context, response samples) per SFT step.")
+    sft_name_swap: float = Field(0.0, ge=0.0, le=1.0, description="Share of SFT transcripts whose people, companies and universities are renamed, consistently through the transcript, to fresh combinations of the world's name words, so the policy must copy names rather than recall them (services/world/name_swap.py). Needs the embedded world's SFT data.")
     eval_every: int = Field(10, ge=1, description="Evaluate every N steps.")
     seed: int = Field(0, description="Seed of data order and sampling.")
     run_dir: str = Field("runs/default", description="Where checkpoints, logs and reports go.")

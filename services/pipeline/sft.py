@@ -50,6 +50,18 @@ def load_transcripts(path: Path, min_em: float) -> list[list[dict]]:
     return kept
 
 
+def rename_share(transcripts: list[list[dict]], world_file: Path, share: float, seed: int, log_fn=print) -> list[list[dict]]:
+    """Replace a ``share`` of the transcripts (chosen by ``seed``) by copies with fresh entity names."""
+    from services.world.name_swap import NameSwapper
+
+    swapper = NameSwapper.from_world_file(world_file)
+    rng = random.Random(seed + 11)
+    out = [swapper.rename(t, rng) if rng.random() < share else t for t in transcripts]
+    log_fn(f"SFT data: {sum(a is not b for a, b in zip(out, transcripts))} of {len(out)} transcripts renamed "
+           f"(train.sft_name_swap={share})")
+    return out
+
+
 def turn_samples(cfg: MempoConfig, tokenizer, transcripts: list[list[dict]]) -> list[tuple[np.ndarray, int]]:
     """(context + response ids, context length) for every assistant turn, in memory-mode contexts."""
     from services.rollout.records import EpisodeBuilder, episode_from_transcript
@@ -88,7 +100,11 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     cfg.learner.kl_coef = 0.0  # no reference model in SFT
     source = str(model_path(cfg))
     tokenizer = AutoTokenizer.from_pretrained(source)
-    samples = turn_samples(cfg, tokenizer, load_transcripts(data_path(cfg, "sft"), cfg.train.sft_min_em))
+    transcripts = load_transcripts(data_path(cfg, "sft"), cfg.train.sft_min_em)
+    if cfg.train.sft_name_swap > 0:
+        transcripts = rename_share(transcripts, data_path(cfg, "sft").parent / "world.json",
+                                   cfg.train.sft_name_swap, cfg.train.seed, log_fn)
+    samples = turn_samples(cfg, tokenizer, transcripts)
     if not samples:
         raise ValueError("no SFT samples: check train.sft_data and train.sft_min_em")
     per_step = cfg.train.sft_batch_size
