@@ -7,7 +7,7 @@ relaunch what failed.
 ``launch(payload)`` must return an ObjectRef owned by the caller (a Serve response turned into a
 ref with ``_to_object_ref_sync()``), so the result outlives the replica that produced it. Payloads
 may be bytes or ObjectRefs (a top-level ref reaches the replica resolved). Results come back in
-payload order; nothing is decoded here.
+payload order; nothing is decoded here. ``before_retry()``, if given, runs before each relaunch.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class CallError(RuntimeError):
 
 
 def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retries: int, what: str,
-             stats: dict | None = None) -> list["ray.ObjectRef"]:
+             stats: dict | None = None, before_retry: Callable[[], object] | None = None) -> list["ray.ObjectRef"]:
     stats = stats if stats is not None else {}
     stats.setdefault("calls", 0)
     stats.setdefault("retries", 0)
@@ -48,5 +48,7 @@ def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retrie
                 raise CallError(f"{what} call {i} failed {attempt + 1} times; last error: {e}") from e
             stats["retries"] += 1
             log.warning("%s call %d failed (%s); retrying (%d/%d)", what, i, type(e).__name__, attempt + 1, retries)
+            if before_retry is not None:  # e.g. bring a replacement replica to the current policy
+                before_retry()
             pending[start(i)] = (i, attempt + 1)
     return results

@@ -236,6 +236,7 @@ class RayConfig(_Section):
     object_store_memory: int = Field(1_000_000_000, ge=78_643_200, description="Object store bytes of a local cluster.")
     http_host: str = Field("127.0.0.1", description="Serve HTTP host.")
     http_port: int = Field(8000, ge=1, le=65535, description="Serve HTTP port.")
+    replica_wait_s: float = Field(300.0, gt=0, description="How long a retried call waits for Serve to replace a deployment's only replica before the step fails.")
     app_prefix: str = Field("", description="Prefix of the pipeline's Serve application names (search, rollout, scorer, learner), so two pipelines can share a cluster; a non-empty prefix also sets rollout.search_app and learner.publish_to to match.")
 
 

@@ -42,7 +42,7 @@ class LearnerGroup:
         port = _free_port()
         config = cfg.model_dump(mode="json")
         self.workers = [actor.remote(r, self.world, config, str(model_dir), port) for r in range(self.world)]
-        ray.get([w.ready.remote() for w in self.workers])
+        self.pids: list[int] = ray.get([w.ready.remote() for w in self.workers])
 
     def _all(self, method: str, *args) -> list:
         return ray.get([getattr(w, method).remote(*args) for w in self.workers])

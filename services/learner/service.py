@@ -12,6 +12,7 @@ One step: advantages per trajectory batch (docs/algorithm.md, section 5) -> per-
 PPO/GRPO update on W ranks -> version + 1 -> every ``learner.checkpoint_every`` steps a sharded
 checkpoint in ``train.run_dir`` -> the full state dict to every replica of ``learner.publish_to``.
 On start it resumes from the latest complete checkpoint of ``train.run_dir`` (``learner.resume``).
+A worker that dies mid-update gets the group rebuilt from that checkpoint (see ``_train_step``).
 
     serve.run(learner_app(cfg), name="learner", route_prefix=None)
 """
@@ -30,6 +31,7 @@ from services.common.codec import decode
 from services.common.config import MempoConfig, replica_config
 from services.common.messages import MemoryScoreBatch, TrajectoryBatch
 from services.common.paths import model_path
+from services.common.serve_version import pinned
 
 log = logging.getLogger("mempo.learner")
 
@@ -74,6 +76,8 @@ class LearnerService:
                    for name in self.cfg.learner.publish_to]
         self.publisher = ObjectStorePublisher(handles)
         self.busy = asyncio.Lock()
+        self.restarts, self.last_restart_s = 0, 0.0
+        self.phase = "idle"  # "train_step" while the workers update
         log.info("learner ready: W=%d, step %d%s", self.group.world, self.step_no, " (resumed)" if resumed else "")
 
     def _step(self, traj_refs: list, score_refs: list) -> dict:
@@ -82,9 +86,17 @@ class LearnerService:
 
         t0 = time.perf_counter()
         samples, adv_metrics, trajs, score_batches = [], [], [], []
+        stale_scores = 0
         for i, ref in enumerate(traj_refs):
             traj = decode(ray.get(ref), TrajectoryBatch)
             scores = decode(ray.get(score_refs[i]), MemoryScoreBatch) if score_refs and score_refs[i] is not None else None
+            if scores is not None and scores.policy_version != traj.policy_version:
+                # scored by another policy than the one that sampled (a replacement replica that had not
+                # been synced yet): its memory rewards would be wrong, so this batch gets none
+                log.warning("memory scores of version %d for rollouts of version %d dropped",
+                            scores.policy_version, traj.policy_version)
+                stale_scores += 1
+                scores = None
             adv = compute_advantages(traj, scores, self.cfg.algorithm)
             samples += turn_samples(traj, adv, first_group=sum(len(t.groups) for t in trajs))
             adv_metrics.append(adv.metrics)
@@ -93,7 +105,10 @@ class LearnerService:
         stages = stage_metrics(trajs, score_batches, self.version)
         batch = pack(samples, self.version, self.step_no)
         prep_s = time.perf_counter() - t0
-        metrics = self.group.train_step(batch)
+        try:
+            metrics = self._train_step(batch)
+        finally:
+            self.phase = "idle"
         self.step_no += 1
         self.version += 1
         if self.step_no % self.cfg.learner.checkpoint_every == 0:
@@ -106,8 +121,48 @@ class LearnerService:
             metrics[key] = sum(m[key] for m in adv_metrics) / n
         metrics.update(version=self.version, step=self.step_no, prepare_s=prep_s, publish_s=time.perf_counter() - t1,
                        published_replicas=report.get("replicas", 0), samples=len(batch.cu_seqlens) - 1,
-                       episodes=sum(len(g.episodes) for t in trajs for g in t.groups), **stages)
+                       episodes=sum(len(g.episodes) for t in trajs for g in t.groups),
+                       stale_score_batches=float(stale_scores), **stages)
         return metrics
+
+    def _train_step(self, batch) -> dict:
+        """One update; if a worker of the group dies during it, the group is rebuilt from the latest
+        complete checkpoint and, when that checkpoint is of the step before this one, the update is
+        done again (automatic). Otherwise the steps since that checkpoint are gone: the call fails
+        saying so, and the same ``mempo train`` command resumes there."""
+        from ray.exceptions import RayActorError
+
+        try:
+            self.phase = "train_step"
+            return self.group.train_step(batch)
+        except RayActorError as e:
+            log.error("a learner worker died during step %d (%s); rebuilding the group", self.step_no + 1,
+                      type(e).__name__)
+            t0 = time.perf_counter()
+            resumed = self._rebuild_group()
+            self.restarts += 1
+            self.last_restart_s = time.perf_counter() - t0
+            if resumed != self.step_no:
+                self.step_no = self.version = resumed
+                raise RuntimeError(f"a learner worker died; the group was rebuilt from the checkpoint of step {resumed} "
+                                   f"(the latest complete one): run the same command again to resume from there") from e
+            log.warning("learner group rebuilt at step %d in %.1fs; training the step again", resumed,
+                        self.last_restart_s)
+            metrics = self.group.train_step(batch)
+            metrics.update(learner_restarts=float(self.restarts), learner_restart_s=self.last_restart_s)
+            return metrics
+
+    def _rebuild_group(self) -> int:
+        """A fresh worker group at the latest complete checkpoint of the run; returns its step."""
+        from services.learner.group import LearnerGroup
+
+        try:
+            self.group.shutdown()
+        except Exception:  # the dead worker cannot answer; the others are killed anyway
+            pass
+        self.group = LearnerGroup(self.cfg, self.model_dir)
+        resumed = self.group.resume(self.cfg.train.run_dir)
+        return resumed["step"] if resumed else 0
 
     async def step(self, traj_refs: list, score_refs: list | None = None) -> dict:
         async with self.busy:  # one update at a time; save/publish/export wait for it to finish
@@ -135,7 +190,8 @@ class LearnerService:
             return await asyncio.to_thread(self.group.export_hf, out_dir, self.model_dir)
 
     def info(self) -> dict:
-        return {"version": self.version, "step": self.step_no, "world_size": self.group.world, "model": self.model_dir}
+        return {"version": self.version, "step": self.step_no, "world_size": self.group.world, "model": self.model_dir,
+                "worker_pids": self.group.pids, "phase": self.phase, "restarts": self.restarts}
 
     def __del__(self):
         group = getattr(self, "group", None)
@@ -147,5 +203,6 @@ class LearnerService:
 
 
 def learner_app(cfg: MempoConfig):
-    return LearnerService.options(num_replicas=1, ray_actor_options={"num_cpus": 0},
-                                  max_ongoing_requests=4).bind(replica_config(cfg))
+    config = replica_config(cfg)
+    return pinned(LearnerService.options(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4),
+                  config).bind(config)

@@ -81,7 +81,8 @@ class LearnerWorker:
         self.skipped_steps = 0  # updates not applied because the loss or the gradient norm was not finite
 
     def ready(self) -> int:
-        return self.rank
+        """This rank's process id, once the model is sharded."""
+        return os.getpid()
 
     # -- steps ----------------------------------------------------------------------------------
 

@@ -116,6 +116,7 @@ class Pipeline:
     rollout: Any = None  # RolloutDriver
     scorer: Any = None  # ScorerDriver
     learner: Any = None  # LearnerDriver
+    version: int | None = None  # the policy version the training loop last synced
 
     @classmethod
     def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = SERVICES) -> "Pipeline":
@@ -147,7 +148,28 @@ class Pipeline:
                 pipe.scorer = ScorerDriver(handle, cfg)
             else:
                 pipe.learner = LearnerDriver(handle)
+        for driver in (pipe.rollout, pipe.scorer):
+            if driver is not None:
+                driver.before_retry = pipe.resync
         return pipe
+
+    def resync(self) -> None:
+        """Before a retried call: a replica Serve started in place of a dead one holds ``model.path``;
+        bring it to the policy of the last ``sync_weights`` (a no-op before the first), waiting up to
+        ``ray.replica_wait_s`` for a replacement when a deployment has no replica at all."""
+        from ray.serve.exceptions import DeploymentUnavailableError
+
+        if self.version is None:
+            return
+        deadline = time.monotonic() + self.cfg.ray.replica_wait_s
+        while True:  # a deployment whose only replica died has none until Serve's replacement is up
+            try:
+                self.sync_weights(self.version)
+                return
+            except DeploymentUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def sync_weights(self, version: int) -> bool:
         """Make every live rollout/scorer replica hold policy ``version`` before it samples: a replica
@@ -155,6 +177,7 @@ class Pipeline:
         whether the learner had to publish again."""
         from services.learner.publish import broadcast
 
+        self.version = version
         stale = [r for d in (self.rollout, self.scorer) if d is not None
                  for r in broadcast(d.handle, "info")[0] if r.get("version") != version]
         if stale and self.learner is not None:

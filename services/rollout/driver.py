@@ -27,6 +27,7 @@ class RolloutDriver:
         self.handle = handle
         self.cfg = cfg
         self.stats = {"calls": 0, "retries": 0}
+        self.before_retry = None  # set by the Pipeline: re-sync replaced replicas to the current policy
 
     def split(self, batch: PromptBatch) -> list[PromptBatch]:
         k = self.cfg.rollout.groups_per_call
@@ -36,4 +37,5 @@ class RolloutDriver:
         """One TrajectoryBatch ref per call, in prompt order."""
         payloads = [encode(chunk) for chunk in self.split(batch)]
         return call_all(lambda p: self.handle.rollout.remote(p)._to_object_ref_sync(), payloads,
-                        self.cfg.rollout.call_retries, "rollout", self.stats)
+                        self.cfg.rollout.call_retries, "rollout", self.stats,
+                        self.before_retry)

