@@ -95,12 +95,14 @@ def test_resume_and_a_rollout_replica_killed_mid_step_still_trains_on_the_full_b
                 killed["name"] = victim
             time.sleep(0.2)
 
+    replicas_before = set(_replica_actors(app))
     started = time.time()
     killer = threading.Thread(target=kill_when_rollout_runs, daemon=True)
     killer.start()
     out3 = train(cfg3)
     killer.join(timeout=5)
     assert killed, "the replica was never killed"
+    assert replicas_before - {killed["name"]} <= set(_replica_actors(app))  # train() on a running pipeline restarts none
     assert out3["step"] == 3
     rows = read_rows(run_dir / "metrics.jsonl", "train")
     assert [r["step"] for r in rows] == [1, 2, 3]  # resumed at 2, nothing duplicated
@@ -115,8 +117,6 @@ def test_resume_and_a_rollout_replica_killed_mid_step_still_trains_on_the_full_b
     serve.status()  # the controller still answers
 
 
-@pytest.mark.xfail(reason="flaky this session: in two full-suite runs the simulated Ctrl-C during step 5 did not "
-                          "raise out of train(); the module alone passes; not diagnosed yet", strict=False)
 def test_ctrl_c_writes_a_checkpoint_and_a_rerun_resumes(run):
     import _thread
 
@@ -124,20 +124,33 @@ def test_ctrl_c_writes_a_checkpoint_and_a_rerun_resumes(run):
     cfg5 = cfg.model_copy(deep=True)
     cfg5.train.steps = 5
     assert not (run_dir / "checkpoints" / "step_00000004").exists()  # checkpoint_every is 100
+    fired = {}
 
     def interrupt_during_step_5():
-        deadline = time.time() + 300
+        # This wait used to be 300 s and to end in silence. Until the deployments had a stable version
+        # (common/serve_version.py), train() first restarted every replica (a minute alone, more in a
+        # loaded full suite): the likely cause of the "DID NOT RAISE" of full-suite runs (SIGINT's
+        # handler is Python's through every module before this one, and interrupt_main raises out of
+        # ray.get, ray.wait and Serve handle calls alike: both checked). Now a failure says which.
+        deadline = time.time() + 900
         while time.time() < deadline:
             rows = read_rows(run_dir / "metrics.jsonl", "train")
             if rows and rows[-1]["step"] == 4:
-                time.sleep(1.0)
-                _thread.interrupt_main()  # what Ctrl-C does to the driver
+                time.sleep(1.0)  # step 5 (after step 4's eval) takes several seconds: train() is still running
+                fired["after_s"] = time.time() - started
+                _thread.interrupt_main()  # what Ctrl-C does to the driver (signal.SIGINT's Python handler)
                 return
             time.sleep(0.2)
 
+    started = time.time()
     threading.Thread(target=interrupt_during_step_5, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
+    try:
         train(cfg5)
+    except KeyboardInterrupt:
+        pass
+    else:
+        pytest.fail(f"train() returned without a KeyboardInterrupt; the interrupt was "
+                    + (f"sent {fired['after_s']:.0f} s after the start" if fired else "never sent (no step 4 row in 900 s)"))
     # the interrupt lands in step 5's rollout (or, if slow, its learner update, which the save waits for)
     from services.learner.checkpoint import latest_complete
 
