@@ -8,6 +8,9 @@ relaunch what failed.
 ref with ``_to_object_ref_sync()``), so the result outlives the replica that produced it. Payloads
 may be bytes or ObjectRefs (a top-level ref reaches the replica resolved). Results come back in
 payload order; nothing is decoded here. ``before_retry()``, if given, runs before each relaunch.
+``on_result(i, ref)``, if given, runs once per call as its result lands (the pipeline starts scoring a
+rollout call's result there, before the other calls finish). ``started`` maps payload indices to refs
+already launched elsewhere; those are awaited (and relaunched on failure) instead of launched again.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ class CallError(RuntimeError):
 
 
 def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retries: int, what: str,
-             stats: dict | None = None, before_retry: Callable[[], object] | None = None) -> list["ray.ObjectRef"]:
+             stats: dict | None = None, before_retry: Callable[[], object] | None = None,
+             on_result: Callable[[int, "ray.ObjectRef"], object] | None = None,
+             started: dict[int, "ray.ObjectRef"] | None = None) -> list["ray.ObjectRef"]:
     stats = stats if stats is not None else {}
     stats.setdefault("calls", 0)
     stats.setdefault("retries", 0)
@@ -34,7 +39,8 @@ def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retrie
         stats["calls"] += 1
         return launch(payloads[i])
 
-    pending = {start(i): (i, 0) for i in range(len(payloads))}
+    started = started or {}
+    pending = {(started[i] if i in started else start(i)): (i, 0) for i in range(len(payloads))}
     results: list = [None] * len(payloads)
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)
@@ -42,7 +48,6 @@ def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retrie
         i, attempt = pending.pop(ref)
         try:
             ray.get(ref)  # surfaces a failure; the bytes stay in the store for the consumer
-            results[i] = ref
         except Exception as e:
             if attempt >= retries:
                 raise CallError(f"{what} call {i} failed {attempt + 1} times; last error: {e}") from e
@@ -51,4 +56,8 @@ def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retrie
             if before_retry is not None:  # e.g. bring a replacement replica to the current policy
                 before_retry()
             pending[start(i)] = (i, attempt + 1)
+            continue
+        results[i] = ref
+        if on_result is not None:
+            on_result(i, ref)
     return results

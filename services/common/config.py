@@ -190,6 +190,8 @@ class LearnerConfig(_Section):
     clip_eps_high: float = Field(0.2, ge=0, description="PPO ratio clip, upper side.")
     dual_clip_c: float = Field(3.0, gt=1.0, description="Dual-clip constant for negative advantages.")
     kl_coef: float = Field(0.001, ge=0, description="Weight of the KL-to-reference loss term.")
+    behaviour_is: Literal["stale", "all", "off"] = Field("stale", description="Off-policy correction (decoupled PPO): weight tokens by the truncated importance ratio pi_old / pi_behaviour. stale = only tokens sampled by an older version (a synchronous run is unchanged); all = every token (also corrects the vLLM/learner numeric mismatch, as verl's TIS); off = none.")
+    is_cap: float = Field(2.0, ge=1.0, description="Truncation of the behaviour importance weight (verl's rollout_is_threshold).")
     kl_type: Literal["low_var_kl", "k1", "k2"] = Field("low_var_kl", description="KL estimator.")
     loss_agg: Literal["seq-mean-token-mean", "token-mean"] = Field("seq-mean-token-mean", description="Loss aggregation (paper: seq-mean-token-mean).")
     micro_token_budget: int = Field(8192, ge=64, description="Tokens per micro-batch (gradient accumulation over micro-batches).")
@@ -217,6 +219,7 @@ class TrainConfig(_Section):
     sft_batch_size: int = Field(32, ge=1, description="Turns (context, response samples) per SFT step.")
     sft_name_swap: float = Field(0.0, ge=0.0, le=1.0, description="Share of SFT transcripts whose people, companies and universities are renamed, consistently through the transcript, to fresh combinations of the world's name words, so the policy must copy names rather than recall them (services/world/name_swap.py). Needs the embedded world's SFT data.")
     eval_every: int = Field(10, ge=1, description="Evaluate every N steps.")
+    max_staleness: int = Field(0, ge=0, description="How many policy versions a training batch's rollouts may lag the learner: 0 = synchronous (rollout, scoring, update, publish, in turn); s > 0 = the rollout of the next s steps runs while the learner trains, and the loss corrects for the lag (learner.behaviour_is).")
     seed: int = Field(0, description="Seed of data order and sampling.")
     run_dir: str = Field("runs/default", description="Where checkpoints, logs and reports go.")
 
@@ -403,7 +406,7 @@ def updated_section(section: BaseModel, changes: dict, allowed: tuple[str, ...])
 # or "train for longer" a lightweight Serve update (running replicas stay) instead of a redeploy.
 _DRIVER_ONLY_FIELDS = {"rollout": {"replicas"}, "scorer": {"replicas", "call_retries"},
                        "search": {"replicas", "autoscaling", "min_replicas", "max_replicas", "target_ongoing_requests"},
-                       "train": {"steps", "eval_every"}, "eval": True}
+                       "train": {"steps", "eval_every", "max_staleness"}, "eval": True}
 
 
 def replica_config(cfg: MempoConfig) -> dict:

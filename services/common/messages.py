@@ -187,8 +187,11 @@ class TrainingBatch:
     rollout_logprobs: np.ndarray = array_field("float32")
     mem_mask: np.ndarray = array_field("bool")
     group_ids: np.ndarray = array_field("int32")  # per sample: which prompt group
-    policy_version: int = 0
+    policy_version: int = 0  # the learner's pre-update version
     step: int = 0
+    # per sample: the policy version that sampled it (empty = every sample at ``policy_version``);
+    # policy_version - sample_versions[i] is sample i's staleness, which the loss corrects for
+    sample_versions: np.ndarray = array_field("int32", default_factory=lambda: np.zeros(0, np.int32))
 
 
 @message

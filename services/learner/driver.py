@@ -18,9 +18,11 @@ class LearnerDriver:
     def __init__(self, handle):
         self.handle = handle
 
-    def step(self, traj_refs: list["ray.ObjectRef"], score_refs: list["ray.ObjectRef"] | None = None) -> dict:
-        """One policy update on these rollouts (and memory scores); metrics of the step."""
-        return self.handle.step.remote(list(traj_refs), list(score_refs or [])).result()
+    def step(self, traj_refs: list["ray.ObjectRef"], score_refs: list["ray.ObjectRef"] | None = None,
+             max_staleness: int = 0) -> dict:
+        """One policy update on these rollouts (and memory scores); metrics of the step. Turns sampled
+        more than ``max_staleness`` versions before the learner's are dropped (and counted)."""
+        return self.handle.step.remote(list(traj_refs), list(score_refs or []), max_staleness).result()
 
     def save(self) -> str:
         """A complete checkpoint of the current step; its directory."""

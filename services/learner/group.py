@@ -24,7 +24,8 @@ from services.common.config import MempoConfig
 from services.common.messages import TrainingBatch
 from services.learner.worker import LearnerWorker
 
-_SUMMED = ("pg_loss", "kl", "entropy", "abs_diff", "tokens", "clip", "dual_clip", "sft_loss")
+_SUMMED = ("pg_loss", "kl", "entropy", "abs_diff", "tokens", "clip", "dual_clip", "sft_loss", "lag", "is_tokens",
+           "is_weight", "is_truncated")
 
 
 def _free_port() -> int:
@@ -56,6 +57,14 @@ class LearnerGroup:
         if "abs_diff" in out:
             out["logprob_abs_diff_mean"] = out.pop("abs_diff")
             out["logprob_max_ratio"] = math.exp(max(p["max_abs_diff"] for p in parts))
+        if "lag" in out:  # per loss token: versions behind, and the behaviour importance weights
+            out["version_lag_token_mean"] = out.pop("lag") / n
+            out["version_lag_token_max"] = max(p["lag_max"] for p in parts)
+            weighted = out.pop("is_tokens")
+            out["is_weighted_tokens"] = weighted
+            out["is_weight_mean"] = out.pop("is_weight") / weighted if weighted else 1.0
+            out["is_truncated_share"] = out.pop("is_truncated") / max(weighted, 1.0)
+            out["is_weight_max"] = max(p["is_weight_max"] for p in parts)
         for k in ("grad_norm", "lr", "skipped_steps"):
             if k in parts[0]:
                 out[k] = parts[0][k]

@@ -34,6 +34,7 @@ class Sample:
     logprobs: np.ndarray | None = None  # the sampler's, per response token
     mem_span: tuple[int, int] = (-1, -1)  # the <mem> block's tokens in the response, [start, end)
     group: int = 0  # the prompt group it came from
+    version: int = -1  # the policy version that sampled it; -1 = the batch's (SFT: not sampled)
 
 
 def pack(samples: list[Sample], policy_version: int = 0, step: int = 0) -> TrainingBatch:
@@ -52,11 +53,12 @@ def pack(samples: list[Sample], policy_version: int = 0, step: int = 0) -> Train
         mems.append(mem)
     cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
     lengths = [len(x) for x in ids]
+    versions = np.asarray([policy_version if s.version < 0 else s.version for s in samples], np.int32)
     return TrainingBatch(input_ids=cat(ids, np.int32), cu_seqlens=np.r_[0, np.cumsum(lengths)].astype(np.int64),
                          loss_mask=cat(loss, bool), advantages=cat(advs, np.float32),
                          rollout_logprobs=cat(lps, np.float32), mem_mask=cat(mems, bool),
                          group_ids=np.asarray([s.group for s in samples], np.int32), policy_version=policy_version,
-                         step=step)
+                         step=step, sample_versions=versions)
 
 
 def turn_samples(batch: TrajectoryBatch, adv: Advantages, first_group: int = 0) -> list[Sample]:
@@ -67,7 +69,8 @@ def turn_samples(batch: TrajectoryBatch, adv: Advantages, first_group: int = 0) 
             for t, turn in enumerate(ep.turns):
                 if len(turn.response_ids):
                     out.append(Sample(turn.context_ids, turn.response_ids, adv.token_advantages[(g, e, t)],
-                                      turn.response_logprobs, (turn.mem_start, turn.mem_end), first_group + g))
+                                      turn.response_logprobs, (turn.mem_start, turn.mem_end), first_group + g,
+                                      turn.policy_version))
     return out
 
 
@@ -83,6 +86,7 @@ class MicroBatch:
     advantages: torch.Tensor
     rollout_logprobs: torch.Tensor
     samples: list[int]  # sample indices in the TrainingBatch
+    lag: torch.Tensor = None  # [B, T] policy versions between the sampler and the learner (0 = on-policy)
 
     @property
     def tokens(self) -> int:
@@ -93,8 +97,19 @@ def _slice(arr: np.ndarray, cu: np.ndarray, i: int) -> np.ndarray:
     return arr[cu[i]:cu[i + 1]]
 
 
+def sample_lags(batch: TrainingBatch) -> np.ndarray:
+    """Per sample: how many versions older than the learner's its sampling policy was."""
+    n = len(batch.cu_seqlens) - 1
+    if len(batch.sample_versions) == 0:
+        return np.zeros(n, np.int64)
+    if len(batch.sample_versions) != n:
+        raise ValueError(f"sample_versions has {len(batch.sample_versions)} entries for {n} samples")
+    return batch.policy_version - batch.sample_versions.astype(np.int64)
+
+
 def micro_batches(batch: TrainingBatch, token_budget: int, rank: int = 0, world: int = 1) -> list[MicroBatch]:
     cu = batch.cu_seqlens
+    lags = sample_lags(batch)
     n = len(cu) - 1
     order = sorted(range(n), key=lambda i: (int(cu[i + 1] - cu[i]), i))
     groups, cur = [], []
@@ -115,7 +130,7 @@ def micro_batches(batch: TrainingBatch, token_budget: int, rank: int = 0, world:
         length = max(int(cu[i + 1] - cu[i]) for i in idx)
         shape = (len(idx), length)
         ids, att = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
-        lm, adv, lp = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)
+        lm, adv, lp, lag = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)
         for r, i in enumerate(idx):
             k = int(cu[i + 1] - cu[i])
             ids[r, :k] = torch.from_numpy(_slice(batch.input_ids, cu, i).astype(np.int64))
@@ -123,10 +138,11 @@ def micro_batches(batch: TrainingBatch, token_budget: int, rank: int = 0, world:
             lm[r, :k] = torch.from_numpy(_slice(batch.loss_mask, cu, i).astype(np.float32))
             adv[r, :k] = torch.from_numpy(_slice(batch.advantages, cu, i).copy())
             lp[r, :k] = torch.from_numpy(_slice(batch.rollout_logprobs, cu, i).copy())
+            lag[r, :k] = float(lags[i])
         if j >= len(mine) - dummies:
             lm.zero_()
             idx = []
-        out.append(MicroBatch(ids, att, lm, adv, lp, idx))
+        out.append(MicroBatch(ids, att, lm, adv, lp, idx, lag))
     return out
 
 

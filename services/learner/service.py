@@ -2,8 +2,9 @@
 update, checkpoints, and publishes the new weights to the rollout and scorer deployments.
 
 Handle methods:
-    step([TrajectoryBatch refs], [MemoryScoreBatch refs or None]) -> metrics incl. the new version
-        (refs wrapped in a list stay refs: the learner reads the bytes from the object store itself)
+    step([TrajectoryBatch refs], [MemoryScoreBatch refs or None], max_staleness=0) -> metrics incl. the
+        new version (refs wrapped in a list stay refs: the learner reads the bytes from the object
+        store itself); turns and memory scores more than max_staleness versions old are dropped, counted
     save() -> checkpoint path           info() -> {"version", "step", ...}
     publish() -> report (re-send the current policy, e.g. after a resume)
     export(out_dir) -> out_dir (a plain Hugging Face directory of the current policy)
@@ -80,25 +81,27 @@ class LearnerService:
         self.phase = "idle"  # "train_step" while the workers update
         log.info("learner ready: W=%d, step %d%s", self.group.world, self.step_no, " (resumed)" if resumed else "")
 
-    def _step(self, traj_refs: list, score_refs: list) -> dict:
+    def _step(self, traj_refs: list, score_refs: list, max_staleness: int = 0) -> dict:
         from services.learner.advantages import compute_advantages
         from services.learner.samples import pack, turn_samples
 
         t0 = time.perf_counter()
         samples, adv_metrics, trajs, score_batches = [], [], [], []
-        stale_scores = 0
+        stale_scores = stale_samples = 0
         for i, ref in enumerate(traj_refs):
             traj = decode(ray.get(ref), TrajectoryBatch)
             scores = decode(ray.get(score_refs[i]), MemoryScoreBatch) if score_refs and score_refs[i] is not None else None
-            if scores is not None and scores.policy_version != traj.policy_version:
-                # scored by another policy than the one that sampled (a replacement replica that had not
-                # been synced yet): its memory rewards would be wrong, so this batch gets none
-                log.warning("memory scores of version %d for rollouts of version %d dropped",
-                            scores.policy_version, traj.policy_version)
+            if scores is not None and not self._fresh(scores.policy_version, max_staleness):
+                # scored by a policy older than the staleness bound allows (a replacement replica that had
+                # not been synced yet holds model.path): its memory rewards would be wrong, so none
+                log.warning("memory scores of version %d dropped (learner at %d, max_staleness %d)",
+                            scores.policy_version, self.version, max_staleness)
                 stale_scores += 1
                 scores = None
             adv = compute_advantages(traj, scores, self.cfg.algorithm)
-            samples += turn_samples(traj, adv, first_group=sum(len(t.groups) for t in trajs))
+            turns = turn_samples(traj, adv, first_group=sum(len(t.groups) for t in trajs))
+            samples += [x for x in turns if self._fresh(x.version, max_staleness)]
+            stale_samples += sum(not self._fresh(x.version, max_staleness) for x in turns)
             adv_metrics.append(adv.metrics)
             trajs.append(traj)
             score_batches += [scores] if scores is not None else []
@@ -120,10 +123,16 @@ class LearnerService:
         for key in ("reward_mean", "f1_mean", "format_ok_share", "groups_with_variance"):
             metrics[key] = sum(m[key] for m in adv_metrics) / n
         metrics.update(version=self.version, step=self.step_no, prepare_s=prep_s, publish_s=time.perf_counter() - t1,
+                       busy_s=time.perf_counter() - t0,
                        published_replicas=report.get("replicas", 0), samples=len(batch.cu_seqlens) - 1,
                        episodes=sum(len(g.episodes) for t in trajs for g in t.groups),
-                       stale_score_batches=float(stale_scores), **stages)
+                       stale_score_batches=float(stale_scores), stale_samples_dropped=float(stale_samples), **stages)
         return metrics
+
+    def _fresh(self, version: int, max_staleness: int) -> bool:
+        """Within the staleness bound: sampled (or scored) at most ``max_staleness`` versions ago. The
+        driver keeps every batch within it; this catches what it cannot (a replica replaced mid-run)."""
+        return self.version - version <= max_staleness
 
     def _train_step(self, batch) -> dict:
         """One update; if a worker of the group dies during it, the group is rebuilt from the latest
@@ -164,9 +173,11 @@ class LearnerService:
         resumed = self.group.resume(self.cfg.train.run_dir)
         return resumed["step"] if resumed else 0
 
-    async def step(self, traj_refs: list, score_refs: list | None = None) -> dict:
+    async def step(self, traj_refs: list, score_refs: list | None = None, max_staleness: int = 0) -> dict:
+        if not isinstance(max_staleness, int) or max_staleness < 0:
+            raise ValueError(f"max_staleness must be an integer >= 0, got {max_staleness!r}")
         async with self.busy:  # one update at a time; save/publish/export wait for it to finish
-            return await asyncio.to_thread(self._step, list(traj_refs), list(score_refs or []))
+            return await asyncio.to_thread(self._step, list(traj_refs), list(score_refs or []), max_staleness)
 
     async def save(self) -> str:
         """A checkpoint of the current step (kept as is if this step already has a complete one)."""

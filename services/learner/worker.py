@@ -23,7 +23,7 @@ from services.common.codec import decode
 from services.common.config import MempoConfig
 from services.common.messages import TrainingBatch
 from services.common.model_io import model_dtype, target_logprobs
-from services.learner.loss import aggregate, entropy_from_logits, kl_penalty, policy_loss
+from services.learner.loss import aggregate, behaviour_weights, entropy_from_logits, kl_penalty, policy_loss
 from services.learner.samples import MicroBatch, global_counts, micro_batches
 
 
@@ -116,7 +116,8 @@ class LearnerWorker:
         with torch.no_grad():  # reference log-probs for the KL term
             ref = [token_logprobs(self.ref, mb)[0].cpu() for mb in micro] if self.ref is not None else None
         sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "abs_diff": 0.0, "max_abs_diff": 0.0, "tokens": 0.0,
-                "clip": 0.0, "dual_clip": 0.0}
+                "clip": 0.0, "dual_clip": 0.0, "lag": 0.0, "lag_max": 0.0, "is_tokens": 0.0, "is_weight": 0.0,
+                "is_weight_max": 0.0, "is_truncated": 0.0}
         for i, mb in enumerate(micro):
             lp, ent = token_logprobs(self.model, mb, with_entropy=True)
             lp = lp.cpu() if lp.device.type != "cpu" else lp
@@ -124,8 +125,11 @@ class LearnerWorker:
             # are this forward's, detached (the same numbers a separate no-grad pass would give).
             old = lp.detach()
             mask = mb.loss_mask
+            # Decoupled PPO: the ratio is against ``old`` (proximal), the behaviour policy (an older version
+            # that sampled stale tokens) enters as a truncated importance weight (services/learner/loss.py)
+            w, wm = behaviour_weights(old, mb.rollout_logprobs, mb.lag, mask, lc.is_cap, lc.behaviour_is)
             pg, m = policy_loss(lp, old, mb.advantages, mask, lc.clip_eps_low, lc.clip_eps_high, lc.dual_clip_c,
-                                lc.loss_agg, tokens, rows)
+                                lc.loss_agg, tokens, rows, is_weight=w)
             loss = pg
             if ref is not None:
                 kl = aggregate(kl_penalty(lp, ref[i], lc.kl_type), mask, lc.loss_agg, tokens, rows)
@@ -141,6 +145,12 @@ class LearnerWorker:
             sums["tokens"] += n
             sums["clip"] += m["clip_frac"] * n
             sums["dual_clip"] += m["dual_clip_frac"] * n
+            sums["lag"] += float((mb.lag * mask).sum())
+            sums["lag_max"] = max(sums["lag_max"], float((mb.lag * mask).max()) if n else 0.0)
+            sums["is_tokens"] += wm["is_tokens"]
+            sums["is_weight"] += wm["is_weight_mean"] * wm["is_tokens"]
+            sums["is_truncated"] += wm["is_truncated_share"] * wm["is_tokens"]
+            sums["is_weight_max"] = max(sums["is_weight_max"], wm["is_weight_max"] if wm["is_tokens"] else 0.0)
         sums.update(self._finish_step(loss=sums["pg_loss"] + lc.kl_coef * sums["kl"]))
         sums["seconds"] = time.perf_counter() - t0
         return sums

@@ -2,11 +2,15 @@
 
     mempo train deploy/configs/tiny.yaml [key=value ...]
 
-One step: prompts -> rollout (ObjectRefs to trajectory batches) -> scorer (refs to memory scores)
--> learner (advantages, PPO/GRPO update, checkpoint, publish the new weights to the rollout and
-scorer replicas) -> log. Each stage is called the same way, through its driver (``pipe.rollout``,
-``pipe.scorer``, ``pipe.learner``); the driver forwards refs and never decodes a trajectory batch.
-Every ``train.eval_every`` steps the current policy is evaluated on held-out prompts.
+One step: prompts -> rollout (ObjectRefs to trajectory batches; each rollout call's result goes to
+the scorer as it lands, for refs to memory scores) -> learner (advantages, PPO/GRPO update,
+checkpoint, publish the new weights to the rollout and scorer replicas) -> log. Each stage is called
+through its driver (``pipe.rollout``, ``pipe.scorer``, ``pipe.learner``); the driver forwards refs
+and never decodes a trajectory batch. Rollout and scoring run on a background thread
+(``RolloutsAhead``, services/pipeline/ahead.py): with ``train.max_staleness=0`` it waits for each
+update (the synchronous loop); with s > 0 it generates up to s steps ahead while the learner trains,
+and the learner's loss corrects for the lag. Every ``train.eval_every`` steps the current policy is
+evaluated on held-out prompts.
 
 Baselines run on the same loop: ``algorithm.use_memory_reward=false`` (memory context without the
 memory reward, MEM1-like) and ``rollout.memory_window=full`` (full history, Search-R1-like).
@@ -17,15 +21,14 @@ Running again on the same ``train.run_dir`` resumes from its latest complete che
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
 
 from services.common.config import MempoConfig, to_yaml
 from services.common.data import PromptStream, load_prompts
-from services.common.messages import PromptBatch
 from services.common.paths import data_path
+from services.pipeline.ahead import Generated, RolloutsAhead
 from services.pipeline.apps import Pipeline
 from services.pipeline.evaluate import eval_prompts, evaluate, flatten
 from services.pipeline.runlog import RunLog
@@ -46,24 +49,17 @@ def starting_policy(cfg: MempoConfig) -> MempoConfig:
     return cfg
 
 
-@contextmanager
-def timed(times: dict[str, float], stage: str):
-    """Records the wall time of the ``with`` body as ``times[stage]``."""
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        times[stage] = time.perf_counter() - t0
-
-
-def stage_times(took: dict[str, float], publish_s: float) -> dict:
-    """Wall time of each stage in this step, and how long each stage sat idle meanwhile. The
-    learner's call includes publishing the new weights, reported apart as weight_sync."""
-    busy = dict(took, learner=took["learner"] - publish_s, weight_sync=publish_s)
-    step_s = sum(took.values())
+def stage_times(batch: Generated, stats: dict, step_s: float) -> dict:
+    """Busy and idle seconds of each stage during one step (``step_s``: wall time between two
+    learner results). Rollout is the driver's wall time of the rollout calls, scoring the scorer's
+    own compute (it overlaps the rollout), learner its update without publication, weight_sync the
+    publication. With max_staleness 0 the stages take turns, so each one's idle is the others' busy."""
+    busy = {"rollout": batch.rollout_s, "scoring": stats.get("scorer/seconds", 0.0),
+            "learner": stats.get("busy_s", 0.0) - stats.get("publish_s", 0.0), "weight_sync": stats.get("publish_s", 0.0)}
     out = {f"time/{k}_s": v for k, v in busy.items()}
-    out.update({f"idle/{k}_s": step_s - v for k, v in busy.items()})
-    out["step_s"] = step_s
+    out.update({f"idle/{k}_s": max(0.0, step_s - v) for k, v in busy.items()})
+    out.update(step_s=step_s, scoring_tail_s=batch.scoring_tail_s, rollout_waited_s=batch.waited_s,
+               rollout_started_at_version=float(batch.started_at_version))
     return out
 
 
@@ -80,26 +76,24 @@ def train(cfg: MempoConfig) -> dict:
     if step == 0:
         log.write("eval", 0, flatten(evaluate(cfg, pipe, held_out, step=0)))  # the starting policy
     bar = tqdm(total=cfg.train.steps, initial=step, desc="mempo train", unit="step", dynamic_ncols=True)
+    ahead = RolloutsAhead(cfg, pipe, prompts, first_step=step)  # rollout + scoring, up to max_staleness steps ahead
     try:
+        last = time.perf_counter()
         while step < cfg.train.steps:
-            resynced = pipe.sync_weights(version=step)  # resumed, or a replica was replaced: same policy everywhere
-            batch = PromptBatch(prompts.at(step), n=cfg.rollout.n, policy_version=step, step=step,
-                                seed=cfg.train.seed)
-            took: dict[str, float] = {}
-            with timed(took, "rollout"):
-                traj_refs = pipe.rollout.rollout(batch)  # ObjectRefs; the bytes go replica -> store -> learner
-            with timed(took, "scoring"):
-                score_refs = pipe.scorer.score(traj_refs) if cfg.algorithm.use_memory_reward else []
-            with timed(took, "learner"):
-                stats = pipe.learner.step(traj_refs, score_refs)  # update, checkpoint, publish
+            batch = ahead.next()  # refs to this step's trajectories and memory scores
+            stats = pipe.learner.step(batch.traj_refs, batch.score_refs, cfg.train.max_staleness)  # update, publish
             step = stats["step"]
-            stats.update(stage_times(took, stats["publish_s"]), rollout_retries=pipe.rollout.stats["retries"],
-                         scorer_retries=pipe.scorer.stats["retries"], weights_resynced=float(resynced))
+            now = time.perf_counter()
+            stats.update(stage_times(batch, stats, now - last), rollout_retries=pipe.rollout.stats["retries"],
+                         scorer_retries=pipe.scorer.stats["retries"], weights_resynced=float(batch.resynced))
             log.write("train", step, stats)
             bar.update(1)
             if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
                 log.write("eval", step, flatten(evaluate(cfg, pipe, held_out, step=step)))
+            last = time.perf_counter()  # a step's wall time leaves the eval out
+            ahead.learner_at(step)  # after the eval, so a synchronous run never samples during one
     finally:  # done, Ctrl-C or an error: close the log, checkpoint the current step
+        ahead.close()
         bar.close()
         log.close()
         checkpoint = pipe.learner.save()

@@ -33,9 +33,10 @@ class RolloutDriver:
         k = self.cfg.rollout.groups_per_call
         return [replace(batch, prompts=batch.prompts[i:i + k]) for i in range(0, len(batch.prompts), k)]
 
-    def rollout(self, batch: PromptBatch) -> list["ray.ObjectRef"]:
-        """One TrajectoryBatch ref per call, in prompt order."""
+    def rollout(self, batch: PromptBatch, on_result=None) -> list["ray.ObjectRef"]:
+        """One TrajectoryBatch ref per call, in prompt order. ``on_result(i, ref)`` runs as each call's
+        result lands (the training loop starts scoring it there)."""
         payloads = [encode(chunk) for chunk in self.split(batch)]
         return call_all(lambda p: self.handle.rollout.remote(p)._to_object_ref_sync(), payloads,
                         self.cfg.rollout.call_retries, "rollout", self.stats,
-                        self.before_retry)
+                        self.before_retry, on_result)

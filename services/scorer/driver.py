@@ -2,6 +2,8 @@
 
     scorer = ScorerDriver(serve.get_deployment_handle("scorer", "scorer"), cfg)
     score_refs = scorer.score(traj_refs)     # one MemoryScoreBatch ref per TrajectoryBatch ref
+    early = {i: scorer.start(ref)}           # scoring one result as soon as it lands ...
+    score_refs = scorer.score(traj_refs, started=early)   # ... then the rest, retrying what failed
 
 Each TrajectoryBatch ref is passed as the call's top-level argument, so the replica reads the
 bytes straight from the object store; the driver never decodes them. Results are refs the driver
@@ -24,7 +26,14 @@ class ScorerDriver:
         self.stats = {"calls": 0, "retries": 0}
         self.before_retry = None  # set by the Pipeline: re-sync replaced replicas to the current policy
 
-    def score(self, traj_refs: list["ray.ObjectRef"]) -> list["ray.ObjectRef"]:
-        return call_all(lambda ref: self.handle.score.remote(ref)._to_object_ref_sync(), list(traj_refs),
-                        self.retries, "score", self.stats,
-                        self.before_retry)
+    def start(self, traj_ref: "ray.ObjectRef") -> "ray.ObjectRef":
+        """Launch the scoring of one TrajectoryBatch ref now; its MemoryScoreBatch ref."""
+        self.stats["calls"] += 1
+        return self.handle.score.remote(traj_ref)._to_object_ref_sync()
+
+    def score(self, traj_refs: list["ray.ObjectRef"], started: dict[int, "ray.ObjectRef"] | None = None
+              ) -> list["ray.ObjectRef"]:
+        """One MemoryScoreBatch ref per TrajectoryBatch ref, in order; ``started[i]`` is awaited
+        instead of launching call i again (a failed one is relaunched)."""
+        return call_all(lambda ref: self.handle.score.remote(ref)._to_object_ref_sync(), list(traj_refs), self.retries, "score", self.stats,
+                        self.before_retry, started=started)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from services.learner.loss import aggregate, entropy_from_logits, kl_penalty, policy_loss
+from services.learner.loss import aggregate, behaviour_weights, entropy_from_logits, kl_penalty, policy_loss
 
 
 def t(x):
@@ -94,3 +94,47 @@ def test_extreme_log_probs_at_counted_tokens_stay_finite(logp_value, old_value):
     ratio = math.exp(max(-20.0, min(20.0, logp_value - old_value)))
     assert m["ratio_mean"] == pytest.approx((ratio + 1.0) / 2)
     assert torch.isfinite(kl_penalty(t([logp_value]), t([old_value]), "low_var_kl")).all()
+
+
+def test_behaviour_weights_hand_values():
+    """Stale tokens get min(pi_old / pi_behaviour, cap); fresh, masked and 'off' tokens get 1."""
+    old = t([[math.log(0.6), math.log(0.5), math.log(0.9), math.log(0.3), 0.0]])
+    behaviour = t([[math.log(0.3), math.log(0.5), math.log(0.3), math.log(0.6), float("-inf")]])
+    stale = t([[1, 1, 1, 1, 1]])  # sampled one version ago
+    mask = t([[1, 1, 1, 1, 0]])
+    w, m = behaviour_weights(old, behaviour, stale, mask, cap=2.0)
+    # 0.6/0.3 = 2 (not above the cap), 1, 0.9/0.3 = 3 -> truncated to 2, 0.3/0.6 = 0.5, masked -> 1
+    assert w.tolist()[0] == pytest.approx([2.0, 1.0, 2.0, 0.5, 1.0])
+    assert m["is_weight_mean"] == pytest.approx((2 + 1 + 2 + 0.5) / 4)
+    assert m["is_weight_max"] == pytest.approx(2.0)
+    assert m["is_truncated_share"] == pytest.approx(0.25)
+    assert m["is_tokens"] == 4
+    fresh, mf = behaviour_weights(old, behaviour, torch.zeros_like(stale), mask)
+    assert fresh.tolist()[0] == [1.0] * 5 and mf["is_tokens"] == 0  # on-policy: no correction
+    every, _ = behaviour_weights(old, behaviour, torch.zeros_like(stale), mask, mode="all")
+    assert every.tolist()[0] == pytest.approx([2.0, 1.0, 2.0, 0.5, 1.0])
+    off, _ = behaviour_weights(old, behaviour, stale, mask, mode="off")
+    assert off.tolist()[0] == [1.0] * 5
+    with pytest.raises(ValueError):
+        behaviour_weights(old, behaviour, stale, mask, mode="bogus")
+
+
+def test_behaviour_weights_stay_finite_for_extreme_log_probs():
+    old = t([[0.0, -1e9, float("-inf")]])
+    behaviour = t([[-1e9, 0.0, 0.0]])
+    w, _ = behaviour_weights(old, behaviour, t([[2, 2, 2]]), t([[1, 1, 1]]), cap=2.0)
+    assert torch.isfinite(w).all() and w.tolist()[0] == pytest.approx([2.0, math.exp(-20), math.exp(-20)])
+
+
+def test_weighted_loss_scales_each_token_and_reduces_to_the_plain_loss():
+    logp = t([[math.log(1.5), math.log(0.5), 0.0]]).requires_grad_()
+    old, adv, mask = t([[0.0, 0.0, 0.0]]), t([[1.0, 1.0, -1.0]]), t([[1, 1, 1]])
+    plain, _ = policy_loss(logp, old, adv, mask, 0.2, 0.2, 3.0, "token-mean")
+    ones, _ = policy_loss(logp, old, adv, mask, 0.2, 0.2, 3.0, "token-mean", is_weight=torch.ones_like(old))
+    assert ones.item() == plain.item()  # weight 1 everywhere: exactly today's loss
+    w = t([[2.0, 0.5, 1.0]])
+    weighted, _ = policy_loss(logp, old, adv, mask, 0.2, 0.2, 3.0, "token-mean", is_weight=w)
+    # per token: -1.2 (clipped at 1.2), -0.5, +1.0 (ratio 1, A = -1), times the weights
+    assert weighted.item() == pytest.approx((2.0 * -1.2 + 0.5 * -0.5 + 1.0 * 1.0) / 3)
+    weighted.backward()
+    assert logp.grad[0, 0].item() == 0.0  # clipped token: no gradient, whatever its weight

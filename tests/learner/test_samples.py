@@ -45,3 +45,24 @@ def test_sft_samples_have_zero_advantages_and_log_probs():
     assert tb.group_ids.tolist() == [0, 1] and tb.step == 2
     empty = pack([])
     assert len(empty.input_ids) == 0 and empty.cu_seqlens.tolist() == [0]
+
+
+def test_sample_versions_give_each_token_its_lag():
+    from services.common.codec import decode, encode
+    from services.common.messages import TrainingBatch
+    from services.learner.samples import micro_batches, sample_lags
+
+    samples = [Sample(np.array([1, 2]), np.array([3]), version=5), Sample(np.array([4]), np.array([5, 6]), version=3),
+               Sample(np.array([7]), np.array([8]))]  # no version: the batch's own
+    tb = decode(encode(pack(samples, policy_version=5, step=5)), TrainingBatch)
+    assert tb.sample_versions.tolist() == [5, 3, 5] and sample_lags(tb).tolist() == [0, 2, 0]
+    lags = {}
+    for mb in micro_batches(tb, token_budget=64):
+        for row, i in enumerate(mb.samples):
+            n = int(tb.cu_seqlens[i + 1] - tb.cu_seqlens[i])
+            lags[i] = set(mb.lag[row, :n].tolist())
+            assert not mb.lag[row, n:].any()  # padding: no lag
+    assert lags == {0: {0.0}, 1: {2.0}, 2: {0.0}}
+    legacy = pack(samples, policy_version=5)
+    legacy.sample_versions = np.zeros(0, np.int32)  # a batch from before the field: every sample on-policy
+    assert sample_lags(legacy).tolist() == [0, 0, 0]

@@ -159,3 +159,28 @@ def test_ctrl_c_writes_a_checkpoint_and_a_rerun_resumes(run):
     assert latest.name in ("step_00000004", "step_00000005")
     assert trainer["step"] == int(latest.name.split("_")[1]) == trainer["extra"]["version"]
     assert [r["step"] for r in read_rows(run_dir / "metrics.jsonl", "train")][:4] == [1, 2, 3, 4]
+
+
+def test_max_staleness_one_trains_ahead_within_the_bound(run):
+    """The same pipeline, switched to max_staleness=1 (a driver-only field: no replica restarts): the
+    rollout of step b + 1 runs while the learner trains step b; no token is more than one version old,
+    and the loss's importance weights cover the stale ones."""
+    cfg, out, run_dir = run
+    cfg7 = cfg.model_copy(deep=True)
+    cfg7.train.steps, cfg7.train.max_staleness = 7, 1
+    out7 = train(cfg7)
+    assert out7["step"] == 7
+    rows = read_rows(run_dir / "metrics.jsonl", "train")
+    assert [r["step"] for r in rows] == list(range(1, 8))  # resumed, nothing duplicated
+    ahead = [r for r in rows if "rollout_started_at_version" in r and r["step"] >= 6]
+    assert ahead, "no step of the staleness-1 run was logged"
+    for r in ahead:
+        assert r["episodes"] == PROMPTS * N and r["stale_samples_dropped"] == 0
+        assert r["version_lag_max"] <= 1 and r["version_lag_token_max"] <= 1
+        assert r["rollout_started_at_version"] >= r["step"] - 2  # batch step-1, started at most 1 behind
+        assert r["is_weight_max"] <= cfg.learner.is_cap and 0 <= r["is_truncated_share"] <= 1
+        print(f"\n[ahead] step {r['step']}: rollout started at version {r['rollout_started_at_version']:.0f}, "
+              f"token lag mean {r['version_lag_token_mean']:.2f} max {r['version_lag_token_max']:.0f}, "
+              f"IS weight mean {r['is_weight_mean']:.3f} max {r['is_weight_max']:.3f} over "
+              f"{r['is_weighted_tokens']:.0f} stale tokens, step {r['step_s']:.1f}s")
+    assert [r["version"] for r in out7["pipeline"].rollout.handle.broadcast("info").results()] == [7, 7]

@@ -1,0 +1,34 @@
+"""call_all: every result kept once, in order, failed calls relaunched, ``on_result`` as each lands."""
+
+import pytest
+
+from services.common.calls import CallError, call_all
+
+
+def test_results_in_order_with_retries_early_starts_and_on_result(ray_cluster):
+    ray = ray_cluster
+
+    @ray.remote
+    def work(x):
+        if x < 0:
+            raise RuntimeError("a dead replica")
+        return x * 10
+
+    attempts = {}
+
+    def launch(p):
+        attempts[p] = attempts.get(p, 0) + 1
+        return work.remote(p if attempts[p] > 1 or p != 2 else -1)  # payload 2 fails once
+
+    landed = []
+    stats = {}
+    early = {0: work.remote(0)}  # launched elsewhere before the call (the pipeline's early scoring)
+    refs = call_all(launch, [0, 1, 2, 3], retries=1, what="work", stats=stats,
+                    on_result=lambda i, ref: landed.append((i, ray.get(ref))), started=early)
+    assert ray.get(refs) == [0, 10, 20, 30]
+    assert sorted(landed) == [(0, 0), (1, 10), (2, 20), (3, 30)]  # once each, only successes
+    assert 0 not in attempts and attempts[2] == 2  # the early one is not relaunched; the failed one is
+    assert stats == {"calls": 4, "retries": 1}
+
+    with pytest.raises(CallError, match="failed 2 times"):
+        call_all(lambda p: work.remote(-1), [0], retries=1, what="work")
