@@ -5,10 +5,12 @@ plain types: ``int``, ``float``, ``str``, ``bool``, ``bytes``, ``np.ndarray``, `
 ``list[T]``, ``dict[str, T]``, ``Optional[T]``, ``Union[...]`` of scalars, or another message
 dataclass. The envelope is ``{"schema": SCHEMA_VERSION, "kind": <class name>, "body": {...}}``.
 
-Arrays never become lists of numbers: a numpy array travels as msgpack ext type 1 holding a small
-header (dtype, shape) and the raw C-contiguous bytes; decoding is ``np.frombuffer`` over those
-bytes (no per-element work; the result is read-only, copy it to write). torch tensors travel as
-ext type 2 the same way, so bfloat16 weights survive the trip.
+Arrays never become lists of numbers. A 1-d array field with a declared dtype (``array_field("int32")``:
+nearly every array of a trajectory) travels as msgpack bin, its raw little-endian bytes alone; the
+schema supplies dtype and rank, and decoding is ``np.frombuffer`` over them (a byte count that is not
+a whole number of items is a ProtocolError). Any other numpy array travels as msgpack ext type 1:
+a small header (dtype, shape) and the raw C-contiguous bytes. Decoded arrays are read-only views;
+copy one to write. torch tensors travel as ext type 2 the same way, so bfloat16 weights survive.
 
 Any problem on the way in or out (wrong schema version, wrong kind, truncated bytes, a missing or
 mistyped field, an array of the wrong dtype or rank) raises :class:`ProtocolError`, which names the
@@ -28,7 +30,7 @@ from typing import Any, TypeVar, Union
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: 1-d arrays of a declared dtype travel as bare bytes (msgpack bin)
 _EXT_NDARRAY = 1
 _EXT_TENSOR = 2
 
@@ -178,12 +180,44 @@ def _converter(tp: Any, meta: tuple, mode: str):
     return conv
 
 
-def _scalar(check, name: str, cast):
+def _scalar(exact: type, check, name: str, cast):
+    """A scalar converter: a value of exactly ``exact`` passes as is (the hot path); anything else
+    must pass ``check`` (numpy scalars, subclasses, ints for floats) and is cast."""
     def conv(v):
+        if type(v) is exact:
+            return v
         if not check(v):
             raise _Bad(f"expected {name}, got {type(v).__name__}")
         return cast(v)
     return conv
+
+
+def _raw_array(dtype: np.dtype, mode: str):
+    """A 1-d array field of a declared dtype travels as msgpack bin: its raw little-endian bytes,
+    nothing else (dtype and rank come from the schema). Out: check the array, hand over its buffer.
+    In: bytes of a whole number of items -> a read-only ``np.frombuffer`` view."""
+    dtype = dtype.newbyteorder("<")  # the wire is little-endian
+    size = dtype.itemsize
+
+    def out(v):
+        if type(v) is not np.ndarray:
+            if not isinstance(v, np.ndarray):
+                raise _Bad(f"expected an ndarray, got {type(v).__name__}")
+        if v.dtype != dtype:
+            raise _Bad(f"expected dtype {dtype}, got {v.dtype}")
+        if v.ndim != 1:
+            raise _Bad(f"expected 1-d array, got shape {v.shape}")
+        if not v.flags.c_contiguous:
+            v = np.ascontiguousarray(v)
+        return v.data.cast("B") if v.size else b""
+
+    def into(v):
+        if type(v) is not bytes:
+            raise _Bad(f"expected an array's bytes, got {type(v).__name__}")
+        if len(v) % size:
+            raise _Bad(f"{len(v)} bytes are not a whole number of {dtype} items")
+        return np.frombuffer(v, dtype=dtype)
+    return out if mode == "out" else into
 
 
 def _compile(tp: Any, meta: dict, mode: str):
@@ -243,6 +277,8 @@ def _compile(tp: Any, meta: dict, mode: str):
     if tp is np.ndarray:
         dtype = np.dtype(meta["dtype"]) if meta.get("dtype") else None
         ndim = meta.get("ndim")
+        if dtype is not None and ndim == 1:  # the schema knows dtype and rank: only the raw bytes travel
+            return _raw_array(dtype, mode)
 
         def array(v):
             if not isinstance(v, np.ndarray):
@@ -254,18 +290,19 @@ def _compile(tp: Any, meta: dict, mode: str):
             return v
         return array
     if _is_tensor_type(tp):
-        return _scalar(lambda v: isinstance(v, _torch().Tensor), "a torch.Tensor", lambda v: v)
+        torch_tensor = _torch().Tensor
+        return _scalar(torch_tensor, lambda v: isinstance(v, torch_tensor), "a torch.Tensor", lambda v: v)
     if tp is bool:
-        return _scalar(lambda v: isinstance(v, (bool, np.bool_)), "bool", bool)
+        return _scalar(bool, lambda v: isinstance(v, np.bool_), "bool", bool)
     if tp is int:
-        return _scalar(lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)), "int", int)
+        return _scalar(int, lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)), "int", int)
     if tp is float:
-        return _scalar(lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)),
-                       "float", float)
+        return _scalar(float, lambda v: isinstance(v, (int, float, np.integer, np.floating))
+                       and not isinstance(v, (bool, np.bool_)), "float", float)
     if tp is str:
-        return _scalar(lambda v: isinstance(v, str), "str", lambda v: v)
+        return _scalar(str, lambda v: isinstance(v, str), "str", str)
     if tp is bytes:
-        return _scalar(lambda v: isinstance(v, (bytes, bytearray, memoryview)), "bytes", bytes)
+        return _scalar(bytes, lambda v: isinstance(v, (bytes, bytearray, memoryview)), "bytes", bytes)
 
     def unsupported(v):
         raise _Bad(f"unsupported field type {_type_name(tp)}")
@@ -281,25 +318,23 @@ def _compile_dataclass(cls: type, mode: str):
 
     def convert(v):
         if isinstance(v, cls):
-            live = v
-            get = lambda name: getattr(live, name)  # noqa: E731
-            has = lambda name: hasattr(live, name)  # noqa: E731 (an attribute may have been deleted)
+            d = v.__dict__  # a live message (an attribute may have been deleted: then it is missing)
         elif isinstance(v, dict):
             if not names.issuperset(v):
                 bad = _Bad("unknown field")
                 bad.trail.append("." + sorted(map(str, set(v) - names))[0])
                 raise bad
-            get, has = v.__getitem__, v.__contains__
+            d = v
         else:
             raise _Bad(f"expected a {cls.__name__} mapping, got {type(v).__name__}")
         out = {}
         for name, conv, has_default in plan:
             try:
-                if not has(name):
+                if name not in d:
                     if has_default:
                         continue
                     raise _Bad("missing field")
-                out[name] = conv(get(name))
+                out[name] = conv(d[name])
             except _Bad as e:
                 e.trail.append("." + name)
                 raise

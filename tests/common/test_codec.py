@@ -23,7 +23,7 @@ from hypothesis.extra.numpy import array_shapes, arrays
 
 import services.common.messages as M  # noqa: F401  (registers every message kind)
 from services.common import codec
-from services.common.codec import ProtocolError, decode, encode, registered_messages, same
+from services.common.codec import SCHEMA_VERSION, ProtocolError, decode, encode, registered_messages, same
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -283,9 +283,24 @@ def _ext(arr: np.ndarray) -> msgpack.ExtType:
 # envelope: schema and kind
 
 
+def test_typed_arrays_travel_as_raw_bytes_and_bad_lengths_name_the_field():
+    batch = make_batch()
+    env = _unpack(encode(batch))
+    turn = env["body"]["groups"][0]["episodes"][0]["turns"][0]
+    assert type(turn["response_ids"]) is bytes  # int32 1-d: no header, the schema knows dtype and rank
+    assert turn["response_ids"] == batch.groups[0].episodes[0].turns[0].response_ids.astype("<i4").tobytes()
+    turn["response_ids"] = turn["response_ids"][:-1]  # not a whole number of int32 items
+    with pytest.raises(ProtocolError) as ei:
+        decode(_repack(env))
+    assert ei.value.field.endswith("turns[0].response_ids") and "whole number" in str(ei.value)
+    turn["response_ids"] = [1, 2, 3]  # numbers, not bytes
+    with pytest.raises(ProtocolError, match="bytes"):
+        decode(_repack(env))
+
+
 def test_schema_mismatch_is_protocol_error():
     env = _unpack(encode(make_batch()))
-    for bad in [2, 0, "1", None, 1.0, True, [1, 2]]:
+    for bad in [SCHEMA_VERSION + 1, SCHEMA_VERSION - 1, 0, "2", None, 2.0, True, [1, 2]]:
         env["schema"] = bad
         with pytest.raises(ProtocolError) as ei:
             decode(_repack(env))
