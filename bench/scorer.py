@@ -1,17 +1,22 @@
-"""Memory scoring cost: the scorer's prefix-shared packing versus the reference's naive scoring.
+"""Memory scoring cost at three horizons: the scorer's prefix-shared scoring versus the reference's
+naive scoring, and both against the unique tokens (the least any scorer must run).
 
-One GRPO group of n=16 episodes (oracle trajectories of one world prompt with 4 turns, turned into
-protocol records) is scored twice with the same tiny model, in one run:
+For each horizon, one GRPO group of n=16 oracle episodes (protocol records, as the rollout writes
+them) is scored twice with the same tiny model:
 
-  packed  ``MemoryScorer.score_trajectories`` (what the scorer service runs): one forward per
-          episode for all its full contexts, one per group for all mem contexts;
+  packed  ``MemoryScorer.score_trajectories`` (what the scorer service runs): each episode's full
+          history goes through the model once into a KV cache and every block's answer is scored
+          from it; the group's shared prompt once, every memory block from its cache;
   naive   the reference: per <mem> block, the (full context + answer) and (mem context + answer)
           sequences padded to one length and run as a batch of 2.
 
-It prints wall time (best of --repeats), tokens through the model, and checks both give the same
-rewards (within 1e-4).
+Horizons: a world prompt with k=2 questions (4 turns), one with k=4 (~9 turns), and two k=4 prompts
+asked together as k=8 (~16 turns). Unique tokens = per episode its longest scored history, plus
+every memory block, plus one answer continuation per block and context, plus the group's prompt.
+It prints wall time (best of --repeats for 4 turns, one run for the longer ones), tokens, the
+speed-up, and checks both give the same rewards (within 1e-4).
 
-    .venv/bin/python bench/scorer.py [--n 16] [--repeats 3]
+    .venv/bin/python bench/scorer.py [--n 16] [--repeats 3] [--horizons 4 9 16] [key=value ...]
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--config", default="deploy/configs/tiny.yaml")
+    ap.add_argument("--horizons", type=int, nargs="+", default=[4, 9, 16], choices=[4, 9, 16])
     ap.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. scorer.token_budget=1024")
     args = ap.parse_args(argv)
 
@@ -92,38 +98,75 @@ def main(argv: list[str] | None = None) -> int:
     from services.world.build import build_world
     from services.world.oracle_records import oracle_group
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, ["rollout.max_turns=24", *args.overrides])  # room for k=8 episodes
     world = build_world(cfg, progress=False)
     tok = AutoTokenizer.from_pretrained(world / "model")
     model = AutoModelForCausalLM.from_pretrained(world / "model", dtype=torch.float32, attn_implementation="sdpa").eval()
-    rows = pd.read_parquet(world / "train.parquet").to_dict("records")
-    row = next(r for r in rows if r["extra_info"]["k"] == 2 and sum(r["extra_info"]["hops"]) == 3)  # 4 turns
-    batch = TrajectoryBatch(groups=[oracle_group(cfg, world, row, args.n, tok)], policy_version=0)
-    eps = batch.groups[0].episodes
     scorer = MemoryScorer(model, tok, cfg)
+    train = pd.read_parquet(world / "train.parquet").to_dict("records")
+    test = pd.read_parquet(world / "test.parquet").to_dict("records")
+    four = [r for r in test if r["extra_info"]["k"] == 4]
+    rows = {4: next(r for r in train if r["extra_info"]["k"] == 2 and sum(r["extra_info"]["hops"]) == 3),
+            9: max(four, key=lambda r: sum(r["extra_info"]["hops"])), 16: merged_row(four[1], four[2])}
+    print(f"scorer bench: token budget {cfg.scorer.token_budget}, 1 group of n={args.n} oracle episodes per horizon, "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"{'turns/ep':>8} {'blocks':>6} {'naive tok':>10} {'packed tok':>10} {'unique tok':>10} {'packed/unique':>13} "
+          f"{'naive s':>8} {'packed s':>8} {'speed-up':>8} {'naive/unique':>12}")
+    for horizon in args.horizons:
+        batch = TrajectoryBatch(groups=[oracle_group(cfg, world, rows[horizon], args.n, tok)], policy_version=0)
+        eps = batch.groups[0].episodes
+        repeats = args.repeats if horizon <= 4 else 1
 
-    def best(fn):
-        times, out = [], None
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            out = fn()
-            times.append(time.perf_counter() - t0)
-        return min(times), out
+        def best(fn):
+            times, out = [], None
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                out = fn()
+                times.append(time.perf_counter() - t0)
+            return min(times), out
 
-    packed_s, packed = best(lambda: scorer.score_trajectories(batch, 0))
-    naive_s, (naive_r, naive_tokens, _) = best(lambda: naive_padded(model, scorer, batch))
-    np.testing.assert_allclose([s.r_mem for s in packed.scores], naive_r, atol=1e-4)
-    blocks = len(packed.scores)
-    print(f"scorer bench: token budget {cfg.scorer.token_budget}, 1 group, n={args.n} episodes, turns/episode {np.mean([len(e.turns) for e in eps]):.2f}, "
-          f"{blocks} <mem> blocks, torch threads {torch.get_num_threads()}")
-    print(f"  naive (2 padded sequences per block): {naive_s:7.3f}s  {naive_tokens:7d} tokens through the model  "
-          f"{2 * blocks} sequences")
-    print(f"  packed (prefix-shared trees)        : {packed_s:7.3f}s  {int(packed.metrics['model_tokens']):7d} tokens  "
-          f"{int(packed.metrics['forwards'])} forwards")
-    print(f"  speed-up {naive_s / packed_s:.2f}x (target >= 3x), tokens {naive_tokens / packed.metrics['model_tokens']:.2f}x fewer; "
-          f"rewards agree within 1e-4")
+        packed_s, packed = best(lambda: scorer.score_trajectories(batch, 0))
+        naive_s, (naive_r, naive_tokens, _) = best(lambda: naive_padded(model, scorer, batch))
+        np.testing.assert_allclose([s.r_mem for s in packed.scores], naive_r, atol=1e-4)
+        unique = unique_tokens(scorer, batch)
+        ptok = int(packed.metrics["model_tokens"])
+        print(f"{np.mean([len(e.turns) for e in eps]):8.2f} {len(packed.scores):6d} {naive_tokens:10d} {ptok:10d} {unique:10d} "
+              f"{ptok / unique:12.2f}x {naive_s:8.2f} {packed_s:8.2f} {naive_s / packed_s:7.2f}x {naive_tokens / unique:11.2f}x",
+              flush=True)
+    print("rewards agree with the naive scoring within 1e-4 at every horizon")
     return 0
 
+
+def merged_row(a: dict, b: dict) -> dict:
+    """Two prompts' questions asked together (k = k_a + k_b), as the world writes a prompt row."""
+    import json
+
+    ia, ib = a["extra_info"], b["extra_info"]
+    info = {key: list(ia[key]) + list(ib[key]) for key in ("questions", "answers", "hops", "planted")}
+    info.update(split="bench", index=0, k=ia["k"] + ib["k"],
+                chains=json.dumps(json.loads(ia["chains"]) + json.loads(ib["chains"])))
+    prompt = [dict(a["prompt"][0]), {"role": "user", "content": "; ".join(info["questions"])}]
+    target = "; ".join(x[0] for x in info["answers"])
+    return {**a, "prompt": prompt, "reward_model": {"style": "rule", "ground_truth": {"target": [target]}},
+            "extra_info": info}
+
+
+def unique_tokens(scorer, batch) -> int:
+    """The least any scorer must run: per episode its longest scored history, every memory block,
+    one answer continuation per block and context, and each group's prompt once."""
+    from services.scorer.continuation import gold_text
+
+    total = 0
+    for group in batch.groups:
+        cont = scorer.continuation(gold_text(group.prompt.golds, scorer.cfg.gold_joiner))
+        blocks = 0
+        for ep in group.episodes:
+            scored = [t for t in ep.turns if t.mem_start >= 0 and t.turn >= 2]
+            if scored:
+                total += max(t.full_prefix_len for t in scored) + sum(t.mem_end - t.mem_start for t in scored)
+                blocks += len(scored)
+        total += 2 * blocks * len(cont.ids) + len(group.episodes[0].prompt_ids)
+    return total
 
 if __name__ == "__main__":
     sys.exit(main())
