@@ -27,6 +27,17 @@ class CallError(RuntimeError):
     """A call kept failing after its retries."""
 
 
+class StaleReplica(RuntimeError):
+    """Raised by a replica asked for at least policy version v while it holds an older one (Serve's
+    replacement of a dead replica starts from ``model.path``). The driver's retry re-syncs it first."""
+
+
+def require_version(held: int, min_version: int, replica: str) -> None:
+    """The replica-side check of a training call's ``min_version`` (-1 = any)."""
+    if min_version >= 0 and held < min_version:
+        raise StaleReplica(f"replica {replica} holds policy version {held}, the call needs >= {min_version}")
+
+
 def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retries: int, what: str,
              stats: dict | None = None, before_retry: Callable[[], object] | None = None,
              on_result: Callable[[int, "ray.ObjectRef"], object] | None = None,

@@ -66,6 +66,7 @@ class PromptBatch:
     seed: int = 0
     temperature: float = -1.0  # sampling temperature of this batch; < 0 = the rollout config's
     search: bool = True  # False = every search returns an empty observation (the eval's no-retrieval control)
+    min_version: int = -1  # a replica holding an older policy refuses the call (StaleReplica); -1 = any
 
 
 @message

@@ -43,14 +43,17 @@ class Generated:
 
 def generate(cfg: MempoConfig, pipe, batch: PromptBatch) -> tuple[list, list, float, float]:
     """Roll out one PromptBatch and score its memory blocks; scoring of each rollout call starts when
-    that call's result lands. Returns (trajectory refs, score refs, rollout seconds, scoring tail)."""
+    that call's result lands. Replicas holding a policy older than ``batch.min_version`` (a
+    replacement not yet synced) refuse, and the driver re-syncs them and retries. Returns
+    (trajectory refs, score refs, rollout seconds, scoring tail)."""
     use_scores = cfg.algorithm.use_memory_reward and pipe.scorer is not None
     early: dict = {}
     t0 = time.perf_counter()
-    on_result = (lambda i, ref: early.__setitem__(i, pipe.scorer.start(ref))) if use_scores else None
+    on_result = ((lambda i, ref: early.__setitem__(i, pipe.scorer.start(ref, batch.min_version)))
+                 if use_scores else None)
     traj_refs = pipe.rollout.rollout(batch, on_result=on_result)
     t1 = time.perf_counter()
-    score_refs = pipe.scorer.score(traj_refs, started=early) if use_scores else []
+    score_refs = pipe.scorer.score(traj_refs, started=early, min_version=batch.min_version) if use_scores else []
     return traj_refs, score_refs, t1 - t0, time.perf_counter() - t1
 
 
@@ -104,8 +107,9 @@ class RolloutsAhead:
                 # synchronous: make every replica hold the learner's policy first (resumed, or replaced);
                 # ahead, the learner publishes each new version to all live replicas itself
                 resynced = self.pipe.sync_weights(version=step) if self.max_staleness == 0 else False
+                # min_version: the oldest policy the learner will accept for this step
                 batch = PromptBatch(self.prompts.at(step), n=self.cfg.rollout.n, policy_version=version, step=step,
-                                    seed=self.cfg.train.seed)
+                                    seed=self.cfg.train.seed, min_version=max(0, step - self.max_staleness))
                 traj, scores, rollout_s, tail_s = generate(self.cfg, self.pipe, batch)
                 self.ready.put(Generated(step, traj, scores, rollout_s, tail_s, version, waited, resynced))
                 step += 1

@@ -57,8 +57,11 @@ class RolloutService:
         self._restart_error: str | None = None
 
     async def rollout(self, payload: bytes) -> bytes:
+        from services.common.calls import require_version
+
         batch = decode(payload, PromptBatch)
         await self.engine.ensure_alive()  # a call retried after the engine died runs on a restarted one
+        require_version(self.engine.version, batch.min_version, self.replica)  # a replacement not yet synced
         out = await self.loop.run(batch)
         out.replica = self.replica
         return encode(out)

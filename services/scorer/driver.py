@@ -26,14 +26,15 @@ class ScorerDriver:
         self.stats = {"calls": 0, "retries": 0}
         self.before_retry = None  # set by the Pipeline: re-sync replaced replicas to the current policy
 
-    def start(self, traj_ref: "ray.ObjectRef") -> "ray.ObjectRef":
-        """Launch the scoring of one TrajectoryBatch ref now; its MemoryScoreBatch ref."""
+    def start(self, traj_ref: "ray.ObjectRef", min_version: int = -1) -> "ray.ObjectRef":
+        """Launch the scoring of one TrajectoryBatch ref now; its MemoryScoreBatch ref. A replica
+        holding a policy older than ``min_version`` refuses (and the call is retried after a re-sync)."""
         self.stats["calls"] += 1
-        return self.handle.score.remote(traj_ref)._to_object_ref_sync()
+        return self.handle.score.remote(traj_ref, min_version)._to_object_ref_sync()
 
-    def score(self, traj_refs: list["ray.ObjectRef"], started: dict[int, "ray.ObjectRef"] | None = None
-              ) -> list["ray.ObjectRef"]:
+    def score(self, traj_refs: list["ray.ObjectRef"], started: dict[int, "ray.ObjectRef"] | None = None,
+              min_version: int = -1) -> list["ray.ObjectRef"]:
         """One MemoryScoreBatch ref per TrajectoryBatch ref, in order; ``started[i]`` is awaited
         instead of launching call i again (a failed one is relaunched)."""
-        return call_all(lambda ref: self.handle.score.remote(ref)._to_object_ref_sync(), list(traj_refs), self.retries, "score", self.stats,
-                        self.before_retry, started=started)
+        return call_all(lambda ref: self.handle.score.remote(ref, min_version)._to_object_ref_sync(),
+                        list(traj_refs), self.retries, "score", self.stats, self.before_retry, started=started)

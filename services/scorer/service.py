@@ -134,8 +134,13 @@ class ScorerService:
 
     # -- training path ------------------------------------------------------------------------
 
-    async def score(self, payload: bytes) -> bytes:
+    async def score(self, payload: bytes, min_version: int = -1) -> bytes:
+        from services.common.calls import require_version
+
+        if not isinstance(min_version, int):
+            raise TypeError(f"min_version must be an int, got {type(min_version).__name__}")
         batch = decode(payload, TrajectoryBatch)
+        require_version(self.version, min_version, self.replica)  # a replacement not yet synced
         async with self.gate.shared():
             self.scoring_now += 1
             try:

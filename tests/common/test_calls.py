@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.common.calls import CallError, call_all
+from services.common.calls import CallError, StaleReplica, call_all, require_version
 
 
 def test_results_in_order_with_retries_early_starts_and_on_result(ray_cluster):
@@ -32,3 +32,10 @@ def test_results_in_order_with_retries_early_starts_and_on_result(ray_cluster):
 
     with pytest.raises(CallError, match="failed 2 times"):
         call_all(lambda p: work.remote(-1), [0], retries=1, what="work")
+
+
+def test_a_replica_behind_the_required_version_refuses():
+    require_version(3, -1, "r")  # no requirement
+    require_version(3, 3, "r")
+    with pytest.raises(StaleReplica, match="holds policy version 0, the call needs >= 2"):
+        require_version(0, 2, "r")  # a replacement that still holds model.path

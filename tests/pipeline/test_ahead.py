@@ -19,29 +19,32 @@ class Driver:
     """Stand-in rollout and scorer drivers that answer at once, recording what the loop asked."""
 
     def __init__(self):
-        self.generated, self.scored = [], []
+        self.generated, self.scored, self.min_versions = [], [], []
         self.lock = threading.Lock()
 
     def rollout(self, batch, on_result=None):
         refs = [f"traj{batch.step}.{i}" for i in range(3)]
         self.generated.append((batch.step, batch.policy_version, len(batch.prompts)))
+        assert batch.min_version == max(0, batch.step - self.staleness)  # the learner's bound, asked of replicas
         for i in (2, 0, 1):  # results land out of order
             if on_result is not None:
                 on_result(i, refs[i])
         return refs
 
-    def start(self, ref):
+    def start(self, ref, min_version=-1):
         with self.lock:
             self.scored.append(ref)
+            self.min_versions.append(min_version)
         return f"score:{ref}"
 
-    def score(self, traj_refs, started=None):
+    def score(self, traj_refs, started=None, min_version=-1):
         assert set(started) == set(range(len(traj_refs)))  # every call was scored as it landed
         return [started[i] for i in range(len(traj_refs))]
 
 class Stages:
-    def __init__(self):
+    def __init__(self, staleness=0):
         self.rollout = self.scorer = Driver()
+        self.rollout.staleness = staleness
         self.synced = []
 
     def sync_weights(self, version):
@@ -55,7 +58,7 @@ def test_the_bound_holds_under_a_slow_learner(staleness):
                                                    "train.prompts_per_step=2"])
     prompts = PromptStream([Prompt(uid=str(i), messages=[ChatMessage("user", f"q{i}")], golds=[["a"]])
                             for i in range(5)], 2)
-    stages = Stages()
+    stages = Stages(staleness)
     ahead = RolloutsAhead(cfg, stages, prompts, first_step=0)
     seen = []
     try:
