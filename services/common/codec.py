@@ -200,9 +200,8 @@ def _raw_array(dtype: np.dtype, mode: str):
     size = dtype.itemsize
 
     def out(v):
-        if type(v) is not np.ndarray:
-            if not isinstance(v, np.ndarray):
-                raise _Bad(f"expected an ndarray, got {type(v).__name__}")
+        if not isinstance(v, np.ndarray):
+            raise _Bad(f"expected an ndarray, got {type(v).__name__}")
         if v.dtype != dtype:
             raise _Bad(f"expected dtype {dtype}, got {v.dtype}")
         if v.ndim != 1:

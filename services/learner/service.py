@@ -100,8 +100,9 @@ class LearnerService:
                 scores = None
             adv = compute_advantages(traj, scores, self.cfg.algorithm)
             turns = turn_samples(traj, adv, first_group=sum(len(t.groups) for t in trajs))
-            samples += [x for x in turns if self._fresh(x.version, max_staleness)]
-            stale_samples += sum(not self._fresh(x.version, max_staleness) for x in turns)
+            fresh = [x for x in turns if self._fresh(x.version, max_staleness)]
+            samples += fresh
+            stale_samples += len(turns) - len(fresh)
             adv_metrics.append(adv.metrics)
             trajs.append(traj)
             score_batches += [scores] if scores is not None else []

@@ -96,35 +96,32 @@ def _branch_groups(order: list[int], branches: list[Branch], budget: int) -> lis
 
 def _forward(model, cache, done: int, chunk: list[int], branches: list[Branch], first: list[int], group: list[int],
              result: list[np.ndarray], stats: dict | None) -> None:
-    """One forward over ``chunk`` (trunk tokens ``done..done+len(chunk)``, kept in the cache) and the
-    branches of ``group`` (all tokens but their last, at positions ``attach + j``, cut from the cache
-    afterwards). Writes token 0 of every branch in ``first`` (predicted by trunk token attach - 1,
-    which is in the chunk) and tokens 1.. of every branch in ``group`` into ``result``."""
+    """One forward of either a trunk ``chunk`` (tokens ``done..done+len(chunk)``, kept in the cache,
+    under the model's own causal mask) or the branches of ``group`` (all tokens but their last, at
+    positions ``attach + j``, each seeing ``cache[:attach]`` and itself; cut from the cache
+    afterwards). Writes token 0 of every branch in ``first`` (predicted by trunk token attach - 1, in
+    the chunk) and tokens 1.. of every branch in ``group`` into ``result``."""
+    assert not (chunk and group), "a forward holds a trunk chunk or branches, not both"
     p = next(model.parameters())
     device, dtype = p.device, p.dtype
-    neg = torch.finfo(dtype).min
     c = len(chunk)
     lengths = [len(branches[i].ids) - 1 for i in group]
     q = c + sum(lengths)
     if q == 0:
         return
-    if not group:  # trunk tokens only: the model's own causal mask (over cache + chunk)
-        mask = None
-    else:
+    mask = None  # a trunk chunk: plain causal (attention's fast path)
+    ids, pos, off = list(chunk), list(range(done, done + c)), 0
+    if group:
+        neg = torch.finfo(dtype).min
         mask = torch.full((q, done + q), neg, dtype=dtype)
-    longest = max([c] + lengths)
-    causal = torch.full((longest, longest), neg, dtype=dtype).triu_(1)  # 0 on and below the diagonal
-    if mask is not None:
-        mask[:c, :done] = 0
-        mask[:c, done:done + c] = causal[:c, :c]
-    ids, pos, off = list(chunk), list(range(done, done + c)), c
-    for i, n in zip(group, lengths):
-        b = branches[i]
-        mask[off:off + n, :b.attach] = 0  # the trunk up to the attach point (cached, or in this chunk)
-        mask[off:off + n, done + off:done + off + n] = causal[:n, :n]
-        ids += b.ids[:-1]
-        pos += range(b.attach, b.attach + n)
-        off += n
+        causal = torch.full((max(lengths), max(lengths)), neg, dtype=dtype).triu_(1)  # 0 on and below the diagonal
+        for i, n in zip(group, lengths):
+            b = branches[i]
+            mask[off:off + n, :b.attach] = 0  # the cached trunk up to the attach point
+            mask[off:off + n, done + off:done + off + n] = causal[:n, :n]
+            ids += b.ids[:-1]
+            pos += range(b.attach, b.attach + n)
+            off += n
     keep = [branches[i].attach - 1 - done for i in first] + list(range(c, q))
     out = model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
                 attention_mask=None if mask is None else mask[None, None].to(device), past_key_values=cache, use_cache=True,
