@@ -8,6 +8,9 @@
     mempo compare [CONFIG.yaml] [key=value ...]  MemPO vs MEM1-like vs Search-R1-like from one SFT start
     mempo serve [CONFIG.yaml] [key=value ...] [--apps search,scorer,...]   deploy services only
     mempo scale rollout|scorer|search N [--run-dir DIR]   resize one service of a running pipeline
+    mempo plan  [CONFIG.yaml] [key=value ...] [--node SPEC ...] [--serve-config F] [--kuberay F] [--check]
+                                                 what a config deploys, whether a cluster fits it, and the
+                                                 Serve config / KubeRay manifest generated from it
     mempo index CORPUS.jsonl OUT_DIR [--backend dense --encoder DIR]       build a retrieval index
     mempo config [CONFIG.yaml] [key=value ...] | --help-fields             resolved config / all fields
 
@@ -198,7 +201,90 @@ def _scale(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"sft": _sft, "train": _train, "eval": _eval, "compare": _compare, "serve": _serve, "scale": _scale,
+def _plan(argv: list[str]) -> int:
+    p = _parser("plan", "Print what a config deploys (each service's replicas, CPUs, GPUs and custom resources, "
+                        "and the totals a cluster needs); check it against a cluster (ray.address, or --node "
+                        "specs); write or check the Serve config and KubeRay manifest generated from it.")
+    p.add_argument("--node", action="append", default=[], metavar="[COUNT*]NAME=AMOUNT,...",
+                   help="a node's total resources, e.g. 2*CPU=64,GPU=8 or CPU=8,head_node=100 (repeatable); "
+                        "checks the plan against these nodes instead of ray.address")
+    p.add_argument("--serve-config", metavar="FILE", help="write the Serve config file (serve deploy) for this config")
+    p.add_argument("--kuberay", metavar="FILE", help="rewrite the serveConfigV2 of this KubeRay RayService manifest")
+    p.add_argument("--check", action="store_true",
+                   help="with --serve-config/--kuberay: do not write; fail if the file differs from what this "
+                        "config generates (and, for the manifest, if its pods cannot hold the plan)")
+    a = p.parse_args(argv)
+    cfg = _load(a.args)
+    import yaml
+
+    from services.pipeline import plan
+
+    path = a.args[0] if a.args and "=" not in a.args[0] else DEFAULT_CONFIG
+    overrides = [x for x in a.args if x is not path]
+    if overrides and (a.serve_config or a.kuberay):
+        print("error: generated files take the recipe as it is; put overrides in the config file", file=sys.stderr)
+        return 2
+    units = plan.actors(cfg)
+    print(f"plan of {path}" + (f" with {' '.join(overrides)}" if overrides else ""))
+    print(plan.describe(cfg, units))
+    ok = True
+    nodes, where = None, ""
+    if a.node:
+        nodes, where = plan.parse_nodes(a.node), f"the {len(plan.parse_nodes(a.node))} given node(s)"
+    elif cfg.ray.address and not (a.serve_config or a.kuberay):
+        try:
+            nodes, where = plan.cluster_nodes(cfg.ray.address), f"the cluster at ray.address={cfg.ray.address}"
+        except ConnectionError as e:
+            print(f"not checked against a cluster: ray.address={cfg.ray.address} cannot be reached ({e}); "
+                  f"start it, or pass --node specs")
+    if nodes is not None:
+        ok &= _report_fit(plan.fit(units, nodes), where)
+    rel = plan.config_relpath(path)
+    if a.serve_config:
+        text = plan.serve_config_text(cfg, rel, a.serve_config)
+        ok &= _write_or_check(Path(a.serve_config), text, a.check, yaml.safe_load)
+    if a.kuberay:
+        target = Path(a.kuberay)
+        manifest = yaml.safe_load(target.read_text())
+        serve = plan.serve_config(cfg, plan.kuberay_config_path(manifest, rel))
+        text = plan.kuberay_with_serve_config(target.read_text(), serve)
+        ok &= _write_or_check(target, text, a.check, lambda t: yaml.safe_load(yaml.safe_load(t)["spec"]["serveConfigV2"]))
+        for at_most in (False, True):
+            pods = plan.kuberay_nodes(manifest, at_most)
+            ok &= _report_fit(plan.fit(units, pods), f"{target}'s {len(pods)} pod(s) at "
+                                                      f"{'maxReplicas' if at_most else 'minReplicas'}", strict=at_most)
+    return 0 if ok else 1
+
+
+def _report_fit(result: tuple[list[str], list[str]], where: str, strict: bool = True) -> bool:
+    errors, warnings = result
+    for w in warnings:
+        print(f"warning: {w}")
+    if errors:
+        print(f"{'error' if strict else 'note'}: {where} cannot hold this plan:\n  " + "\n  ".join(errors),
+              file=sys.stderr if strict else sys.stdout)
+        return not strict
+    print(f"fits {where}")
+    return True
+
+
+def _write_or_check(target: Path, text: str, check: bool, parse) -> bool:
+    if not check:
+        target.write_text(text)
+        print(f"wrote {target}")
+        return True
+    if not target.is_file():
+        print(f"error: {target} does not exist; run without --check to write it", file=sys.stderr)
+        return False
+    if parse(target.read_text()) != parse(text):
+        print(f"error: {target} has drifted from the recipe; run the same command without --check to rewrite it",
+              file=sys.stderr)
+        return False
+    print(f"{target} matches the recipe")
+    return True
+
+
+COMMANDS = {"plan": _plan, "sft": _sft, "train": _train, "eval": _eval, "compare": _compare, "serve": _serve, "scale": _scale,
             "index": _index}
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 # The answer continuation appended to both the memory and the full context when scoring a <mem>
 # block (docs/algorithm.md, section 4). ``{gold}`` is replaced by the gold answer(s). The answer sits inline,
@@ -44,6 +44,18 @@ DEFAULT_SYSTEM_PROMPT = (
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
+BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def _custom_resources(value: dict) -> dict:
+    for name in value:
+        if not name or name in BUILTIN_RESOURCES or name.startswith("node:"):
+            raise ValueError(f"{name!r} is not a custom resource name (CPUs and GPUs have their own fields; "
+                             f"'node:' names are Ray's own)")
+    return value
+
+
+CustomResources = Annotated[dict[str, Annotated[float, Field(ge=0)]], AfterValidator(_custom_resources)]
 
 
 DEFAULT_OBSERVATION_TEMPLATE = "<|im_end|>\n<|im_start|>user\n{observation}<|im_end|>\n<|im_start|>assistant\n"
@@ -120,6 +132,7 @@ class RolloutConfig(_Section):
     replicas: int = Field(1, ge=1, description="Rollout deployment replicas (one vLLM engine each).")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per rollout replica (Ray resource).")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per rollout replica (1 on GPU clusters).")
+    resources: CustomResources = Field({}, description="Custom Ray resources per rollout replica (e.g. {rollout_node: 1}): only nodes started with them (ray start --resources) host it; `mempo plan` shows what a config needs.")
     max_concurrent_episodes: int = Field(64, ge=1, description="Episodes in flight per replica.")
     groups_per_call: int = Field(4, ge=1, description="Prompt groups per rollout call; the driver spreads calls over replicas.")
     call_retries: int = Field(2, ge=0, description="Driver retries of a rollout call whose replica failed.")
@@ -150,6 +163,7 @@ class SearchConfig(_Section):
     target_ongoing_requests: float = Field(16.0, gt=0, description="Autoscaling: target in-flight requests per replica.")
     max_ongoing_requests: int = Field(256, ge=1, description="In-flight requests a replica accepts (Serve's default of 5 would cap batching).")
     num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per search replica.")
+    resources: CustomResources = Field({}, description="Custom Ray resources per search replica (e.g. {head_node: 1}): only nodes started with them (ray start --resources) host it; `mempo plan` shows what a config needs.")
     timeout_s: float = Field(10.0, gt=0, description="Client timeout per search call, seconds.")
     retries: int = Field(2, ge=0, description="Client retries after a failed search call.")
     retry_backoff_s: float = Field(0.2, ge=0, description="Client backoff before retry i is backoff * 2**i seconds.")
@@ -169,6 +183,7 @@ class ScorerConfig(_Section):
     replicas: int = Field(1, ge=1, description="Scorer deployment replicas.")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per scorer replica.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per scorer replica (1 on GPU clusters).")
+    resources: CustomResources = Field({}, description="Custom Ray resources per scorer replica (e.g. {scorer_node: 1}): only nodes started with them (ray start --resources) host it; `mempo plan` shows what a config needs.")
     call_retries: int = Field(2, ge=0, description="Driver retries of a scoring call whose replica failed.")
 
 
@@ -197,6 +212,7 @@ class LearnerConfig(_Section):
     micro_token_budget: int = Field(8192, ge=64, description="Tokens per micro-batch (gradient accumulation over micro-batches).")
     world_size: int = Field(1, ge=1, description="FSDP workers (one per GPU or CPU slot).")
     num_cpus_per_worker: float = Field(1.0, ge=0, description="CPUs reserved per FSDP worker actor.")
+    resources: CustomResources = Field({}, description="Custom Ray resources per FSDP worker actor, the learner's Serve replica asks 0.001 of each, to run beside them (so give the node the workers' total plus a little, e.g. {learner_node: 1} with the node started with learner_node=100): only nodes started with them (ray start --resources) host the learner; `mempo plan` shows what a config needs.")
     threads: int = Field(0, ge=0, description="CPU only: torch threads per worker; 0 = its reserved CPUs (at least 1). The loop is synchronous, so the learner may use cores the idle rollout reserved.")
     publish_to: list[str] = Field(["rollout:rollout", "scorer:scorer"], description="Deployments that receive each new policy, as 'app:deployment'.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend; auto = nccl on GPU, gloo on CPU.")
@@ -240,6 +256,7 @@ class RayConfig(_Section):
     http_host: str = Field("127.0.0.1", description="Serve HTTP host.")
     http_port: int = Field(8000, ge=1, le=65535, description="Serve HTTP port.")
     replica_wait_s: float = Field(300.0, gt=0, description="How long a retried call waits for Serve to replace a deployment's only replica before the step fails.")
+    call_timeout_s: float = Field(1800.0, ge=0, description="Longest one training call (a rollout call, a scoring call, the learner's wait for their results) may take before the step fails with an error naming it (a node lost with no replacement, an object no copy of which survived); 0 = no limit.")
     app_prefix: str = Field("", description="Prefix of the pipeline's Serve application names (search, rollout, scorer, learner), so two pipelines can share a cluster; a non-empty prefix also sets rollout.search_app and learner.publish_to to match.")
 
 
@@ -412,6 +429,15 @@ _DRIVER_ONLY_FIELDS = {"rollout": {"replicas"}, "scorer": {"replicas", "call_ret
 def replica_config(cfg: MempoConfig) -> dict:
     """The config dict a deployment's replicas are constructed with (driver-only fields left out)."""
     return cfg.model_dump(mode="json", exclude=_DRIVER_ONLY_FIELDS)
+
+
+def actor_options(num_cpus: float, num_gpus: float = 0.0, resources: dict | None = None) -> dict:
+    """Ray actor options of a replica or worker: CPUs, GPUs and, where a config names them, custom
+    resources (left out when empty, so a config without placement deploys as before)."""
+    out = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+    if resources:
+        out["resources"] = dict(resources)
+    return out
 
 
 def to_yaml(cfg: MempoConfig) -> str:

@@ -20,7 +20,7 @@ import ray
 import torch
 
 from services.common.codec import encode
-from services.common.config import MempoConfig
+from services.common.config import MempoConfig, actor_options
 from services.common.messages import TrainingBatch
 from services.learner.worker import LearnerWorker
 
@@ -39,7 +39,7 @@ class LearnerGroup:
         self.cfg = cfg
         self.world = world_size or cfg.learner.world_size
         gpus = 1 if torch.cuda.is_available() else 0
-        actor = ray.remote(num_cpus=cfg.learner.num_cpus_per_worker, num_gpus=gpus)(LearnerWorker)
+        actor = ray.remote(**actor_options(cfg.learner.num_cpus_per_worker, gpus, cfg.learner.resources))(LearnerWorker)
         port = _free_port()
         config = cfg.model_dump(mode="json")
         self.workers = [actor.remote(r, self.world, config, str(model_dir), port) for r in range(self.world)]

@@ -29,7 +29,7 @@ import ray
 from ray import serve
 
 from services.common.codec import decode
-from services.common.config import MempoConfig, replica_config
+from services.common.config import MempoConfig, actor_options, replica_config
 from services.common.messages import MemoryScoreBatch, TrajectoryBatch
 from services.common.paths import model_path
 from services.common.serve_version import pinned
@@ -214,7 +214,17 @@ class LearnerService:
                 pass
 
 
+REPLICA_SHARE = 0.001  # of each custom learner resource, taken by the learner's Serve replica
+
+
+def deployment_options(cfg: MempoConfig) -> dict:
+    """One replica that reserves no CPU itself (its FSDP workers do); it asks REPLICA_SHARE of each of
+    ``learner.resources`` so that it runs on the learner's nodes, beside its workers."""
+    share = {k: REPLICA_SHARE for k in cfg.learner.resources}
+    return {"num_replicas": 1, "ray_actor_options": actor_options(0, 0.0, share),
+            "max_ongoing_requests": 4}
+
+
 def learner_app(cfg: MempoConfig):
     config = replica_config(cfg)
-    return pinned(LearnerService.options(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4),
-                  config).bind(config)
+    return pinned(LearnerService.options(**deployment_options(cfg)), config).bind(config)

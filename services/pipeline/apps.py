@@ -83,29 +83,26 @@ def connect(cfg: MempoConfig, with_serve: bool = True) -> None:
         serve.start(http_options={"host": cfg.ray.http_host, "port": cfg.ray.http_port})
 
 
-def resource_needs(cfg: MempoConfig, services) -> dict[str, float]:
-    """CPUs and GPUs the chosen services reserve (fixed replica counts; autoscaling at its minimum)."""
-    s, r, sc, lr = cfg.search, cfg.rollout, cfg.scorer, cfg.learner
-    gpu_learner = 1.0 if r.num_gpus or sc.num_gpus else 0.0
-    per = {"search": (s.num_cpus * (s.min_replicas if s.autoscaling else s.replicas), 0.0),
-           "rollout": (r.num_cpus * r.replicas, r.num_gpus * r.replicas),
-           "scorer": (sc.num_cpus * sc.replicas, sc.num_gpus * sc.replicas),
-           "learner": (lr.num_cpus_per_worker * lr.world_size, gpu_learner * lr.world_size)}
-    return {"CPU": sum(per[x][0] for x in services), "GPU": sum(per[x][1] for x in services)}
-
-
-def check_resources(cfg: MempoConfig, services) -> None:
-    """Fail fast, with the numbers, when a local cluster cannot place the services (Serve would
-    otherwise wait forever for a replica that never fits)."""
+def check_resources(cfg: MempoConfig, services, strict: bool = True) -> None:
+    """Fail fast, with the numbers, when this cluster's live nodes cannot place the services (Serve
+    would otherwise wait forever for a replica that never fits). ``strict=False`` logs instead (a
+    cluster with an autoscaler may add nodes). The arithmetic is services/pipeline/plan.py's."""
     import ray
 
-    have = ray.cluster_resources()
-    need = resource_needs(cfg, services)
-    short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
-    if short:
-        detail = ", ".join(f"{k}: need {v:g}, cluster has {h:g}" for k, (v, h) in short.items())
-        raise ValueError(f"the services do not fit this Ray cluster ({detail}); lower search/rollout/scorer "
-                         f"num_cpus or replicas, learner.num_cpus_per_worker or world_size, or use a bigger cluster")
+    from services.pipeline.plan import actors, fit
+
+    nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+    errors, warnings = fit(actors(cfg, services), nodes)
+    for w in warnings:
+        log.warning("%s", w)
+    if not errors:
+        return
+    msg = (f"the services do not fit this Ray cluster ({'; '.join(errors)}); lower replicas, num_cpus/num_gpus or "
+           f"resources of search/rollout/scorer, learner.num_cpus_per_worker or world_size, or add nodes "
+           f"(`mempo plan CONFIG` prints what a config needs)")
+    if strict:
+        raise ValueError(msg)
+    log.warning("%s", msg)
 
 
 @dataclass
@@ -129,8 +126,7 @@ class Pipeline:
 
         cfg = wired(prepare_world(cfg))  # the world is built here, once; replicas get concrete paths
         connect(cfg)
-        if not cfg.ray.address:  # a cluster with an autoscaler may grow; a local one will not
-            check_resources(cfg, services)
+        check_resources(cfg, services, strict=not cfg.ray.address)  # a cluster with an autoscaler may grow
         # search first (the agent calls it), then the policy copies, then the learner that feeds them
         order = [s for s in SERVICES if s in services]
         pipe = cls(cfg, [])
@@ -221,7 +217,9 @@ def scale(cfg: MempoConfig, service: str, replicas: int) -> None:
     if status is None:
         raise ValueError(f"no running application {app_name(cfg, service)!r}: is the pipeline up?")
     current = sum(d.replica_states.get("RUNNING", 0) for d in status.deployments.values())
-    extra = resource_needs(cfg, (service,))["CPU"] * max(0, replicas - current) / replicas
+    from services.pipeline.plan import actors, totals
+
+    extra = totals(actors(cfg, (service,))).get("CPU", 0.0) * max(0, replicas - current) / replicas
     free = ray.available_resources().get("CPU", 0.0)
     if extra > free + 1e-9:
         raise ValueError(f"{replicas - current} more {service} replica(s) need {extra:g} CPUs; the cluster has {free:g} "

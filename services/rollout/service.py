@@ -27,7 +27,7 @@ from typing import Optional
 from ray import serve
 
 from services.common.codec import decode, encode
-from services.common.config import MempoConfig, replica_config
+from services.common.config import MempoConfig, actor_options, replica_config
 from services.common.messages import PromptBatch, WeightUpdate
 from services.common.paths import model_path
 from services.common.serve_version import pinned
@@ -113,7 +113,7 @@ class RolloutService:
 def deployment_options(cfg: MempoConfig) -> dict:
     r = cfg.rollout
     return {"num_replicas": r.replicas,
-            "ray_actor_options": {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus},
+            "ray_actor_options": actor_options(r.num_cpus, r.num_gpus, r.resources),
             "max_ongoing_requests": max(8, 4 * r.max_concurrent_episodes),
             "graceful_shutdown_timeout_s": 5}
 

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ray import serve
 
 from services.common.codec import decode, encode
-from services.common.config import MempoConfig, replica_config, scorer_token_budget
+from services.common.config import MempoConfig, actor_options, replica_config, scorer_token_budget
 from services.common.http import ERROR_RESPONSES, ErrorBody, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
 from services.common.messages import TrajectoryBatch, WeightUpdate
@@ -274,7 +274,7 @@ def deployment_options(cfg: MempoConfig) -> dict:
     s = cfg.scorer
     # room for the REST queue plus training-path calls, so that the queue's 503 answers, not Serve's
     return {"num_replicas": s.replicas, "max_ongoing_requests": max(32, s.max_queued_requests + 16),
-            "ray_actor_options": {"num_cpus": s.num_cpus, "num_gpus": s.num_gpus}}
+            "ray_actor_options": actor_options(s.num_cpus, s.num_gpus, s.resources)}
 
 
 def scorer_app(cfg: MempoConfig):

@@ -34,7 +34,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from ray import serve
 
-from services.common.config import MempoConfig, replica_config
+from services.common.config import MempoConfig, actor_options, replica_config
 from services.common.http import ERROR_RESPONSES, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
 from services.common.serve_version import pinned
@@ -202,7 +202,8 @@ class SearchService:
 def deployment_options(cfg: MempoConfig) -> dict:
     """Serve options of the search deployment, from the config alone."""
     s = cfg.search
-    opts: dict = {"ray_actor_options": {"num_cpus": s.num_cpus}, "max_ongoing_requests": s.max_ongoing_requests}
+    opts: dict = {"ray_actor_options": actor_options(s.num_cpus, 0.0, s.resources),
+                  "max_ongoing_requests": s.max_ongoing_requests}
     if s.autoscaling:
         opts["autoscaling_config"] = {"min_replicas": s.min_replicas, "max_replicas": s.max_replicas,
                                       "initial_replicas": max(s.min_replicas, 1),

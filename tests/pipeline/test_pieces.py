@@ -7,7 +7,8 @@ import pytest
 
 from services.common.config import ConfigError, load_config
 from services.common.data import PromptStream, load_prompts
-from services.pipeline.apps import app_name, resource_needs, route_prefix, wired
+from services.pipeline.apps import app_name, route_prefix, wired
+from services.pipeline.plan import actors, totals
 from services.pipeline.report import markdown_table, write_report
 from services.pipeline.runlog import RunLog, read_rows
 from services.pipeline.serve_apps import ROOT, config_from_args
@@ -107,7 +108,7 @@ def test_app_prefix_rewires_names_and_routes():
 
 def test_tiny_config_fits_two_cores():
     cfg = load_config(TINY)
-    assert resource_needs(cfg, ("search", "rollout", "scorer", "learner"))["CPU"] <= 2.0
+    assert totals(actors(cfg))["CPU"] <= 2.0
 
 
 def test_serve_app_args_resolve_paths_against_the_project_root():
@@ -124,4 +125,4 @@ def test_replica_counts_are_not_replica_arguments():
 
     a, b = load_config(TINY), load_config(TINY, ["rollout.replicas=3", "scorer.replicas=2"])
     assert replica_config(a) == replica_config(b)
-    assert np.isclose(resource_needs(b, ("rollout",))["CPU"], 3 * b.rollout.num_cpus)
+    assert np.isclose(totals(actors(b, ("rollout",)))["CPU"], 3 * b.rollout.num_cpus)
