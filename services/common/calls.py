@@ -11,11 +11,15 @@ payload order; nothing is decoded here. ``before_retry()``, if given, runs befor
 ``on_result(i, ref)``, if given, runs once per call as its result lands (the pipeline starts scoring a
 rollout call's result there, before the other calls finish). ``started`` maps payload indices to refs
 already launched elsewhere; those are awaited (and relaunched on failure) instead of launched again.
+``timeout_s`` (> 0) bounds each attempt: a call that has not finished by then (its replica's node lost
+with no room for a replacement, say) counts as failed, so the step ends in a CallError naming it
+instead of waiting forever. ``stats["failed_s"]`` sums the seconds failed attempts took to fail.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable
 
 import ray
@@ -41,32 +45,50 @@ def require_version(held: int, min_version: int, replica: str) -> None:
 def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retries: int, what: str,
              stats: dict | None = None, before_retry: Callable[[], object] | None = None,
              on_result: Callable[[int, "ray.ObjectRef"], object] | None = None,
-             started: dict[int, "ray.ObjectRef"] | None = None) -> list["ray.ObjectRef"]:
+             started: dict[int, "ray.ObjectRef"] | None = None, timeout_s: float = 0.0) -> list["ray.ObjectRef"]:
     stats = stats if stats is not None else {}
     stats.setdefault("calls", 0)
     stats.setdefault("retries", 0)
+    stats.setdefault("failed_s", 0.0)
+    limit = timeout_s if timeout_s > 0 else float("inf")
 
     def start(i: int) -> "ray.ObjectRef":
         stats["calls"] += 1
         return launch(payloads[i])
 
     started = started or {}
-    pending = {(started[i] if i in started else start(i)): (i, 0) for i in range(len(payloads))}
+    now = time.monotonic()
+    pending = {(started[i] if i in started else start(i)): (i, 0, now) for i in range(len(payloads))}
     results: list = [None] * len(payloads)
     while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        ref = ready[0]
-        i, attempt = pending.pop(ref)
+        first_deadline = min(t0 for _, _, t0 in pending.values()) + limit
+        wait_s = None if limit == float("inf") else max(0.0, first_deadline - time.monotonic())
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+        if ready:
+            ref = ready[0]
+        else:  # the oldest attempt ran out of time
+            ref = min(pending, key=lambda r: pending[r][2])
+        i, attempt, t0 = pending.pop(ref)
         try:
-            ray.get(ref)  # surfaces a failure; the bytes stay in the store for the consumer
+            if not ready:
+                raise TimeoutError(f"no result within {timeout_s:g}s (ray.call_timeout_s)")
+            # surfaces a failure, and copies the bytes to this node: they outlive the node that made them
+            ray.get(ref, timeout=None if limit == float("inf") else max(1.0, t0 + limit - time.monotonic()))
         except Exception as e:
+            stats["failed_s"] += time.monotonic() - t0
             if attempt >= retries:
                 raise CallError(f"{what} call {i} failed {attempt + 1} times; last error: {e}") from e
             stats["retries"] += 1
-            log.warning("%s call %d failed (%s); retrying (%d/%d)", what, i, type(e).__name__, attempt + 1, retries)
+            log.warning("%s call %d failed after %.1fs (%s); retrying (%d/%d)", what, i, time.monotonic() - t0,
+                        type(e).__name__, attempt + 1, retries)
+            if not ready:
+                try:
+                    ray.cancel(ref)
+                except Exception:  # nothing left to cancel on a lost node
+                    pass
             if before_retry is not None:  # e.g. bring a replacement replica to the current policy
                 before_retry()
-            pending[start(i)] = (i, attempt + 1)
+            pending[start(i)] = (i, attempt + 1, time.monotonic())
             continue
         results[i] = ref
         if on_result is not None:

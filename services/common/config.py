@@ -255,6 +255,7 @@ class RayConfig(_Section):
     object_store_memory: int = Field(1_000_000_000, ge=78_643_200, description="Object store bytes of a local cluster.")
     http_host: str = Field("127.0.0.1", description="Serve HTTP host.")
     http_port: int = Field(8000, ge=1, le=65535, description="Serve HTTP port.")
+    proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = Field("EveryNode", description="Where Serve runs its HTTP proxies: every node with a replica (clients may hit any node), the head only, or none (in-cluster handles only). Several nodes on one machine share an address, so only HeadOnly can hold the port there.")
     replica_wait_s: float = Field(300.0, gt=0, description="How long a retried call waits for Serve to replace a deployment's only replica before the step fails.")
     call_timeout_s: float = Field(1800.0, ge=0, description="Longest one training call (a rollout call, a scoring call, the learner's wait for their results) may take before the step fails with an error naming it (a node lost with no replacement, an object no copy of which survived); 0 = no limit.")
     app_prefix: str = Field("", description="Prefix of the pipeline's Serve application names (search, rollout, scorer, learner), so two pipelines can share a cluster; a non-empty prefix also sets rollout.search_app and learner.publish_to to match.")
@@ -423,7 +424,7 @@ def updated_section(section: BaseModel, changes: dict, allowed: tuple[str, ...])
 # or "train for longer" a lightweight Serve update (running replicas stay) instead of a redeploy.
 _DRIVER_ONLY_FIELDS = {"rollout": {"replicas"}, "scorer": {"replicas", "call_retries"},
                        "search": {"replicas", "autoscaling", "min_replicas", "max_replicas", "target_ongoing_requests"},
-                       "train": {"steps", "eval_every", "max_staleness"}, "eval": True}
+                       "train": {"steps", "eval_every", "max_staleness", "prompts_per_step"}, "eval": True}
 
 
 def replica_config(cfg: MempoConfig) -> dict:

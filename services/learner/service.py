@@ -81,6 +81,16 @@ class LearnerService:
         self.phase = "idle"  # "train_step" while the workers update
         log.info("learner ready: W=%d, step %d%s", self.group.world, self.step_no, " (resumed)" if resumed else "")
 
+    def _fetch(self, ref, what: str) -> bytes:
+        """The bytes behind a ref, waiting at most ``ray.call_timeout_s`` (an object whose every copy was
+        on a lost node either comes back through Ray's recovery or fails here, with its name)."""
+        timeout = self.cfg.ray.call_timeout_s or None
+        try:
+            return ray.get(ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the learner waited {timeout:g}s (ray.call_timeout_s) for {what} and got "
+                               f"nothing; was the node holding it lost?") from None
+
     def _step(self, traj_refs: list, score_refs: list, max_staleness: int = 0) -> dict:
         from services.learner.advantages import compute_advantages
         from services.learner.samples import pack, turn_samples
@@ -89,8 +99,9 @@ class LearnerService:
         samples, adv_metrics, trajs, score_batches = [], [], [], []
         stale_scores = stale_samples = 0
         for i, ref in enumerate(traj_refs):
-            traj = decode(ray.get(ref), TrajectoryBatch)
-            scores = decode(ray.get(score_refs[i]), MemoryScoreBatch) if score_refs and score_refs[i] is not None else None
+            traj = decode(self._fetch(ref, f"trajectory batch {i}"), TrajectoryBatch)
+            scores = (decode(self._fetch(score_refs[i], f"memory scores {i}"), MemoryScoreBatch)
+                      if score_refs and score_refs[i] is not None else None)
             if scores is not None and not self._fresh(scores.policy_version, max_staleness):
                 # scored by a policy older than the staleness bound allows (a replacement replica that had
                 # not been synced yet holds model.path): its memory rewards would be wrong, so none
@@ -127,6 +138,8 @@ class LearnerService:
                        busy_s=time.perf_counter() - t0,
                        published_replicas=report.get("replicas", 0), samples=len(batch.cu_seqlens) - 1,
                        episodes=sum(len(g.episodes) for t in trajs for g in t.groups),
+                       prompt_groups=sum(len(t.groups) for t in trajs),
+                       prompt_groups_unique=len({g.prompt.uid for t in trajs for g in t.groups}),
                        stale_score_batches=float(stale_scores), stale_samples_dropped=float(stale_samples), **stages)
         return metrics
 
@@ -203,7 +216,8 @@ class LearnerService:
 
     def info(self) -> dict:
         return {"version": self.version, "step": self.step_no, "world_size": self.group.world, "model": self.model_dir,
-                "worker_pids": self.group.pids, "phase": self.phase, "restarts": self.restarts}
+                "worker_pids": self.group.pids, "phase": self.phase, "restarts": self.restarts,
+                "node_id": ray.get_runtime_context().get_node_id()}
 
     def __del__(self):
         group = getattr(self, "group", None)

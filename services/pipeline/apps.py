@@ -80,7 +80,8 @@ def connect(cfg: MempoConfig, with_serve: bool = True) -> None:
     for name in ("ray", "ray.serve"):  # keep the console to mempo's own lines
         logging.getLogger(name).setLevel(logging.WARNING)
     if with_serve:
-        serve.start(http_options={"host": cfg.ray.http_host, "port": cfg.ray.http_port})
+        serve.start(proxy_location=cfg.ray.proxy_location,
+                    http_options={"host": cfg.ray.http_host, "port": cfg.ray.http_port})
 
 
 def check_resources(cfg: MempoConfig, services, strict: bool = True) -> None:
@@ -114,6 +115,7 @@ class Pipeline:
     scorer: Any = None  # ScorerDriver
     learner: Any = None  # LearnerDriver
     version: int | None = None  # the policy version the training loop last synced
+    republished: int = 0  # publishes to bring replaced (or new) replicas up to date, since start
 
     @classmethod
     def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = SERVICES) -> "Pipeline":
@@ -179,6 +181,7 @@ class Pipeline:
         if stale and self.learner is not None:
             log.warning("%d replica(s) behind version %d (replaced?); publishing again", len(stale), version)
             self.learner.publish()
+            self.republished += 1
         return bool(stale)
 
     def publish_model(self, model_dir: str, version: int) -> dict:

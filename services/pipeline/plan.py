@@ -188,7 +188,7 @@ def serve_config(cfg: MempoConfig, config_arg: str, overrides: list[str] = (), h
         apps.append({"name": app_name(cfg, service), "route_prefix": route_prefix(cfg, service),
                      "import_path": f"services.pipeline.serve_apps:{service}", "args": args,
                      "deployments": [{"name": service, **opts}]})
-    return {"proxy_location": "EveryNode", "http_options": {"host": http_host, "port": cfg.ray.http_port},
+    return {"proxy_location": cfg.ray.proxy_location, "http_options": {"host": http_host, "port": cfg.ray.http_port},
             "applications": apps}
 
 

@@ -26,7 +26,7 @@ class RolloutDriver:
     def __init__(self, handle, cfg: MempoConfig):
         self.handle = handle
         self.cfg = cfg
-        self.stats = {"calls": 0, "retries": 0}
+        self.stats = {"calls": 0, "retries": 0, "failed_s": 0.0}
         self.before_retry = None  # set by the Pipeline: re-sync replaced replicas to the current policy
 
     def split(self, batch: PromptBatch) -> list[PromptBatch]:
@@ -39,4 +39,4 @@ class RolloutDriver:
         payloads = [encode(chunk) for chunk in self.split(batch)]
         return call_all(lambda p: self.handle.rollout.remote(p)._to_object_ref_sync(), payloads,
                         self.cfg.rollout.call_retries, "rollout", self.stats,
-                        self.before_retry, on_result)
+                        self.before_retry, on_result, timeout_s=self.cfg.ray.call_timeout_s)

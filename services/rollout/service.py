@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+import ray
 from ray import serve
 
 from services.common.codec import decode, encode
@@ -101,6 +102,7 @@ class RolloutService:
 
     def info(self) -> dict:
         return {"replica": self.replica, "version": self.engine.version, "model": self.model_dir,
+                "node_id": ray.get_runtime_context().get_node_id(),
                 "engine_pid": self.engine.pid, "turns_running": self.engine.running,
                 "engine_restarts": self.engine.restarts, "engine_restart_s": self.engine.last_restart_s}
 

@@ -23,7 +23,8 @@ class ScorerDriver:
     def __init__(self, handle, cfg: MempoConfig, retries: int | None = None):
         self.handle = handle
         self.retries = cfg.scorer.call_retries if retries is None else retries
-        self.stats = {"calls": 0, "retries": 0}
+        self.timeout_s = cfg.ray.call_timeout_s
+        self.stats = {"calls": 0, "retries": 0, "failed_s": 0.0}
         self.before_retry = None  # set by the Pipeline: re-sync replaced replicas to the current policy
 
     def start(self, traj_ref: "ray.ObjectRef", min_version: int = -1) -> "ray.ObjectRef":
@@ -37,4 +38,5 @@ class ScorerDriver:
         """One MemoryScoreBatch ref per TrajectoryBatch ref, in order; ``started[i]`` is awaited
         instead of launching call i again (a failed one is relaunched)."""
         return call_all(lambda ref: self.handle.score.remote(ref, min_version)._to_object_ref_sync(),
-                        list(traj_refs), self.retries, "score", self.stats, self.before_retry, started=started)
+                        list(traj_refs), self.retries, "score", self.stats, self.before_retry, started=started,
+                        timeout_s=self.timeout_s)

@@ -34,6 +34,7 @@ import os
 import time
 from typing import Optional, Union
 
+import ray
 import torch
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
@@ -183,6 +184,7 @@ class ScorerService:
 
     def info(self) -> dict:
         return {"version": self.version, "model": self.model_dir, "replica": self.replica, **self.stats,
+                "node_id": ray.get_runtime_context().get_node_id(),
                 **self.gate.stats, "scoring_now": self.scoring_now, "pid": os.getpid()}
 
     # -- REST ---------------------------------------------------------------------------------

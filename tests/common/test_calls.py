@@ -28,10 +28,36 @@ def test_results_in_order_with_retries_early_starts_and_on_result(ray_cluster):
     assert ray.get(refs) == [0, 10, 20, 30]
     assert sorted(landed) == [(0, 0), (1, 10), (2, 20), (3, 30)]  # once each, only successes
     assert 0 not in attempts and attempts[2] == 2  # the early one is not relaunched; the failed one is
-    assert stats == {"calls": 4, "retries": 1}
+    assert stats["calls"] == 4 and stats["retries"] == 1 and stats["failed_s"] >= 0
 
     with pytest.raises(CallError, match="failed 2 times"):
         call_all(lambda p: work.remote(-1), [0], retries=1, what="work")
+
+
+def test_a_call_that_never_finishes_fails_after_the_timeout_and_is_retried(ray_cluster):
+    import time
+
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    def work(x):
+        if x == "hang":
+            time.sleep(60)  # a replica on a lost node with nowhere to reschedule
+        return x
+
+    tries = []
+
+    def launch(p):
+        tries.append(p)
+        return work.remote("hang" if len(tries) == 1 else p)
+
+    stats = {}
+    t0 = time.monotonic()
+    refs = call_all(launch, ["ok"], retries=1, what="work", stats=stats, timeout_s=2.0)
+    assert ray.get(refs) == ["ok"] and stats["retries"] == 1 and 1.9 < stats["failed_s"] < 10
+    with pytest.raises(CallError, match=r"failed 2 times; last error: no result within 1s"):
+        call_all(lambda p: work.remote("hang"), ["x"], retries=1, what="work", timeout_s=1.0)
+    assert time.monotonic() - t0 < 30  # bounded, not the 60 s the calls would take
 
 
 def test_a_replica_behind_the_required_version_refuses():

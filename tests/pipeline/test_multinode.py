@@ -1,0 +1,267 @@
+"""The pipeline on a multi-node Ray cluster on this machine: placement by resources, 2 RL steps across
+nodes, and a worker node lost mid-step.
+
+The cluster is a head and two workers, each its own process with its own custom resource
+(services/common/local_cluster.py), every address on loopback, token auth on with a token of its own:
+
+    head      CPU 2, head_node=100    search, the learner's replica and its FSDP worker
+    worker-1  CPU 1, rollout_node=1   the rollout replica (vLLM)
+    worker-2  CPU 1, scorer_node=1    the scorer replica
+
+Objects bigger than 1 KB go through the object store of the node that made them
+(max_direct_call_object_size), as a real batch's bytes would, so trajectory batches made on worker-1
+are read by the scorer on worker-2 and the learner on the head. `mempo train` runs as a user runs it,
+in its own process against ``ray.address``. Placement is read from Ray's state API (the head's
+dashboard), the policy versions from the replicas themselves.
+
+The node-loss test adds worker-3 (rollout_node=1: the spare capacity a cluster keeps), continues the
+run, and kills the raylet of the node hosting the rollout replica while a step's episodes are in flight.
+"""
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from services.common.local_ray import LOOPBACK_ENV
+from services.pipeline.runlog import read_rows
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+PROMPTS, N = 2, 2
+LOSS_PROMPTS = 4  # a longer step for the node-loss run, so the loss lands inside it
+PROBE = """
+import json, sys
+import ray
+from ray import serve
+from services.common.local_ray import join_options
+from services.learner.publish import broadcast
+ray.init(**join_options(sys.argv[1]))
+out = {app: broadcast(serve.get_deployment_handle(app, app_name=app), "info")[0] for app in ("rollout", "scorer")}
+out["learner"] = serve.get_deployment_handle("learner", app_name="learner").info.remote().result()
+print(json.dumps(out))
+"""
+
+
+class Cluster:
+    def __init__(self, temp_dir: str, env: dict):
+        self.temp_dir, self.env, self.nodes, self.procs = temp_dir, env, {}, []
+
+    def add(self, name: str, cpus: int, resources: dict, head: bool = False) -> dict:
+        info = Path(self.temp_dir) / f"{name}.json"
+        cmd = [PY, "-m", "services.common.local_cluster", "--name", name, "--num-cpus", str(cpus),
+               "--resources", json.dumps(resources), "--info", str(info), "--temp-dir", f"{self.temp_dir}/r",
+               "--object-store-memory", str(200 * 1024 * 1024)]
+        cmd += (["--dashboard", "--system-config", json.dumps({"max_direct_call_object_size": 1024})] if head
+                else ["--join", self.nodes["head"]["gcs_address"]])
+        log = open(Path(self.temp_dir) / f"{name}.log", "w")
+        self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True))
+        deadline = time.time() + 120
+        while not info.is_file():
+            if time.time() > deadline or self.procs[-1].poll() is not None:
+                pytest.fail(f"node {name} did not come up: {(Path(self.temp_dir) / f'{name}.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        self.nodes[name] = json.loads(info.read_text())
+        return self.nodes[name]
+
+    @property
+    def address(self) -> str:
+        return self.nodes["head"]["gcs_address"]
+
+    def state(self, resource: str) -> list[dict]:
+        """Ray's state API (the head's dashboard): the live actors or nodes."""
+        r = httpx.get(f"{self.nodes['head']['dashboard_url']}/api/v0/{resource}", params={"limit": 10000},
+                      headers={"Authorization": f"Bearer {self.env['RAY_AUTH_TOKEN']}"}, timeout=30)
+        r.raise_for_status()
+        return r.json()["data"]["result"]["result"]
+
+    def placement(self) -> dict[str, list[str]]:
+        """Alive actors by class, as the names of the nodes they run on."""
+        names = {n["node_id"]: n["node_name"] for n in self.state("nodes")}
+        out: dict[str, list[str]] = {}
+        for a in self.state("actors"):
+            if a["state"] == "ALIVE":
+                out.setdefault(a["class_name"], []).append(names.get(a["node_id"], a["node_id"]))
+        return {k: sorted(v) for k, v in out.items()}
+
+    def probe(self) -> dict:
+        out = subprocess.run([PY, "-c", PROBE, self.address], cwd=ROOT, env=self.env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def kill_node(self, name: str) -> None:
+        """The node goes away as a machine does: its raylet (by pid) and, in the same instant, every
+        process it started (the replicas' workers and their vLLM engine), all with SIGKILL."""
+        raylet = psutil.Process(self.nodes[name]["raylet_pid"])
+        for p in [raylet] + raylet.children(recursive=True):
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    def shutdown(self) -> None:
+        family = []
+        for p in self.procs:
+            try:
+                family += psutil.Process(p.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        for p in family + [psutil.Process(pid) for pid in _pids_mentioning(self.temp_dir)]:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def _rows(path: Path) -> list[dict]:
+    try:
+        return read_rows(path, "train")
+    except (OSError, ValueError):  # not written yet, or a line being written
+        return []
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", text], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out if p.isdigit() and int(p) != os.getpid()]
+
+
+@pytest.fixture(scope="module")
+def cluster(world, grammar_model):
+    temp_dir = tempfile.mkdtemp(prefix="mn", dir="/tmp")  # short: Ray's socket paths live under it
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_USAGE_STATS_ENABLED="0",
+               **LOOPBACK_ENV)
+    for key in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        env.pop(key, None)
+    c = Cluster(temp_dir, env)
+    try:
+        c.add("head", 2, {"head_node": 100}, head=True)
+        c.add("worker-1", 1, {"rollout_node": 1})
+        c.add("worker-2", 1, {"scorer_node": 1})
+        yield c
+    finally:
+        c.shutdown()
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def overrides(cluster, grammar_model, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("multinode") / "run"
+    return run_dir, [
+        f"ray.address={cluster.address}", f"ray.http_port={_port()}", "ray.proxy_location=HeadOnly",
+        f"model.path={grammar_model}", "train.init_from_sft=false", f"train.run_dir={run_dir}",
+        f"train.prompts_per_step={PROMPTS}", "train.eval_every=100", f"rollout.n={N}", "rollout.max_turns=3",
+        "rollout.max_response_tokens=64", "rollout.groups_per_call=1", "rollout.call_retries=6",
+        "eval.during_training_per_k=1", "eval.objectives=[1]", "learner.kl_coef=0", "learner.checkpoint_every=100",
+        # placement, as a cluster user writes it: each service on the nodes started with its resource
+        "search.resources={head_node: 1}", "learner.resources={head_node: 1}",
+        "rollout.resources={rollout_node: 1}", "scorer.resources={scorer_node: 1}"]
+
+
+def _train(cluster, overrides: list[str], steps: int, log_name: str, during=None) -> subprocess.CompletedProcess:
+    log = Path(cluster.temp_dir) / log_name
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(Path(PY).parent / "mempo"), "train", "deploy/configs/tiny.yaml",
+                                 *overrides, f"train.steps={steps}"], cwd=ROOT, env=cluster.env, stdout=out,
+                                stderr=subprocess.STDOUT)
+        try:
+            if during is not None:
+                during(proc)
+            proc.wait(timeout=900)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log.read_text()
+    assert proc.returncode == 0, text[-6000:]
+    return text
+
+
+def test_two_steps_across_three_nodes_placed_by_resources(cluster, overrides):
+    run_dir, args = overrides
+    _train(cluster, args, 2, "train-1.log")
+    nodes = {n["node_name"]: n["node_id"] for n in cluster.state("nodes")}
+    placed = cluster.placement()  # Ray's own state API, not the config
+    assert placed["ServeReplica:rollout:rollout"] == ["worker-1"]
+    assert placed["ServeReplica:scorer:scorer"] == ["worker-2"]
+    assert placed["ServeReplica:learner:learner"] == ["head"] and placed["LearnerWorker"] == ["head"]
+    assert placed["ServeReplica:search:search"] == ["head"]
+    # the learner on the head published version 2 to the replicas on the two workers
+    seen = cluster.probe()
+    assert [(r["version"], r["node_id"]) for r in seen["rollout"]] == [(2, nodes["worker-1"])]
+    assert [(r["version"], r["node_id"]) for r in seen["scorer"]] == [(2, nodes["worker-2"])]
+    assert seen["learner"]["version"] == 2 and seen["learner"]["node_id"] == nodes["head"]
+    rows = read_rows(run_dir / "metrics.jsonl", "train")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["episodes"] == PROMPTS * N and r["prompt_groups"] == r["prompt_groups_unique"] == PROMPTS
+        assert r["published_replicas"] == 2 and r["version_lag_max"] == 0 and r["nodes_alive"] == 3
+        assert r["scorer/blocks"] >= 0 and r["rollout_retries"] == 0
+
+
+def test_a_worker_node_lost_mid_step_the_step_completes_on_a_survivor(cluster, overrides):
+    run_dir, args = overrides
+    cluster.add("worker-3", 1, {"rollout_node": 1})  # spare capacity for the rollout
+    base = next(a for a in args if a.startswith("ray.http_port=")).split("=")[1]
+    killed = {}
+
+    def kill_mid_step(proc):
+        # once step 3 is logged, step 4's rollout starts: wait for its first search (the agents are
+        # mid-episode, later turns still to generate), then take the node away
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None:
+            if len(_rows(run_dir / "metrics.jsonl")) >= 3:
+                break
+            time.sleep(0.05)
+        before = httpx.get(f"http://127.0.0.1:{base}/health", timeout=10).json()["requests"]
+        while time.time() < deadline and proc.poll() is None:
+            if httpx.get(f"http://127.0.0.1:{base}/health", timeout=10).json()["requests"] > before:
+                break
+            time.sleep(0.02)
+        host = cluster.placement()["ServeReplica:rollout:rollout"]  # Ray's state API: where it runs now
+        assert len(host) == 1 and proc.poll() is None
+        killed.update(at=time.time(), node=host[0])
+        cluster.kill_node(host[0])
+
+    _train(cluster, args + [f"train.prompts_per_step={LOSS_PROMPTS}"], 4, "train-2.log", during=kill_mid_step)
+    assert "at" in killed
+    rows = read_rows(run_dir / "metrics.jsonl", "train")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    lost = rows[-1]
+    assert lost["rollout_retries"] >= 1 and lost["rollout_failed_s"] > 0  # the lost call was sent again
+    assert lost["weights_republished"] >= 1  # the replacement replica was brought to the current policy
+    assert lost["episodes"] == LOSS_PROMPTS * N  # every prompt group exactly once
+    assert lost["prompt_groups"] == lost["prompt_groups_unique"] == LOSS_PROMPTS
+    assert lost["nodes_alive"] == 3 and lost["version"] == 4
+    victim = killed["node"]
+    survivor = ({"worker-1", "worker-3"} - {victim}).pop()
+    assert cluster.placement()["ServeReplica:rollout:rollout"] == [survivor]  # Serve rescheduled it
+    dead = {n["node_name"] for n in cluster.state("nodes") if n["state"] == "DEAD"}
+    assert dead == {victim}
+    assert [r["version"] for r in cluster.probe()["rollout"]] == [4]
