@@ -248,7 +248,8 @@ def _plan(argv: list[str]) -> int:
         manifest = yaml.safe_load(target.read_text())
         serve = plan.serve_config(cfg, plan.kuberay_config_path(manifest, rel))
         text = plan.kuberay_with_serve_config(target.read_text(), serve)
-        ok &= _write_or_check(target, text, a.check, lambda t: yaml.safe_load(yaml.safe_load(t)["spec"]["serveConfigV2"]))
+        serve_of = lambda t: yaml.safe_load(yaml.safe_load(t)["spec"]["serveConfigV2"])  # noqa: E731
+        ok &= _write_or_check(target, text, a.check, serve_of)
         for at_most in (False, True):
             pods = plan.kuberay_nodes(manifest, at_most)
             ok &= _report_fit(plan.fit(units, pods), f"{target}'s {len(pods)} pod(s) at "

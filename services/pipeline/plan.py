@@ -222,7 +222,8 @@ def kuberay_nodes(manifest: dict, at_most: bool) -> list[dict[str, float]]:
     spec = manifest["spec"]["rayClusterConfig"]
     groups = [(spec["headGroupSpec"], 1)]
     for g in spec.get("workerGroupSpecs", []):
-        groups.append((g, g.get("maxReplicas", g.get("replicas", 1)) if at_most else g.get("minReplicas", g.get("replicas", 1))))
+        replicas = g.get("replicas", 1)
+        groups.append((g, g.get("maxReplicas", replicas) if at_most else g.get("minReplicas", replicas)))
     nodes = []
     for group, count in groups:
         params = group.get("rayStartParams", {}) or {}

@@ -87,8 +87,10 @@ def train(cfg: MempoConfig) -> dict:
             now = time.perf_counter()
             stats.update(stage_times(batch, stats, now - last), rollout_retries=pipe.rollout.stats["retries"],
                          scorer_retries=pipe.scorer.stats["retries"], weights_resynced=float(batch.resynced),
-                         rollout_failed_s=pipe.rollout.stats["failed_s"], scorer_failed_s=pipe.scorer.stats["failed_s"],
-                         weights_republished=float(pipe.republished), nodes_alive=float(sum(n["Alive"] for n in ray.nodes())))
+                         rollout_failed_s=pipe.rollout.stats["failed_s"],
+                         scorer_failed_s=pipe.scorer.stats["failed_s"],
+                         weights_republished=float(pipe.republished),
+                         nodes_alive=float(sum(n["Alive"] for n in ray.nodes())))
             log.write("train", step, stats)
             bar.update(1)
             if step % cfg.train.eval_every == 0 or step == cfg.train.steps:

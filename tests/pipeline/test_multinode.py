@@ -32,6 +32,7 @@ import httpx
 import psutil
 import pytest
 
+from services.common.local_cluster import free_ports
 from services.common.local_ray import LOOPBACK_ENV
 from services.pipeline.runlog import read_rows
 
@@ -163,19 +164,11 @@ def cluster(world, grammar_model):
         c.shutdown()
 
 
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def overrides(cluster, grammar_model, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("multinode") / "run"
     return run_dir, [
-        f"ray.address={cluster.address}", f"ray.http_port={_port()}", "ray.proxy_location=HeadOnly",
+        f"ray.address={cluster.address}", f"ray.http_port={free_ports(1)[0]}", "ray.proxy_location=HeadOnly",
         f"model.path={grammar_model}", "train.init_from_sft=false", f"train.run_dir={run_dir}",
         f"train.prompts_per_step={PROMPTS}", "train.eval_every=100", f"rollout.n={N}", "rollout.max_turns=3",
         "rollout.max_response_tokens=64", "rollout.groups_per_call=1", "rollout.call_retries=6",
@@ -223,6 +216,18 @@ def test_two_steps_across_three_nodes_placed_by_resources(cluster, overrides):
         assert r["episodes"] == PROMPTS * N and r["prompt_groups"] == r["prompt_groups_unique"] == PROMPTS
         assert r["published_replicas"] == 2 and r["version_lag_max"] == 0 and r["nodes_alive"] == 3
         assert r["scorer/blocks"] >= 0 and r["rollout_retries"] == 0
+
+
+def test_plan_checks_the_live_cluster(cluster, overrides):
+    _, args = overrides
+    mempo = [str(Path(PY).parent / "mempo"), "plan", "deploy/configs/tiny.yaml"]
+    ok = subprocess.run(mempo + args, cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and f"fits the cluster at ray.address={cluster.address}" in ok.stdout, ok.stderr
+    # two rollout replicas need two nodes with rollout_node; this cluster has one
+    no = subprocess.run(mempo + args + ["rollout.replicas=2"], cwd=ROOT, env=cluster.env, capture_output=True,
+                        text=True, timeout=120)
+    assert no.returncode == 1
+    assert "the services need rollout_node 2 in all; the cluster has 1" in no.stderr
 
 
 def test_a_worker_node_lost_mid_step_the_step_completes_on_a_survivor(cluster, overrides):
