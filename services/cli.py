@@ -246,7 +246,12 @@ def _plan(argv: list[str]) -> int:
     if a.kuberay:
         target = Path(a.kuberay)
         manifest = yaml.safe_load(target.read_text())
-        serve = plan.serve_config(cfg, plan.kuberay_config_path(manifest, rel))
+        try:
+            serve = plan.serve_config(cfg, plan.kuberay_config_path(manifest, rel))
+            plan.kuberay_nodes(manifest, at_most=True)
+        except (KeyError, IndexError, TypeError, AttributeError) as e:
+            raise ValueError(f"{target} is not a RayService manifest with a head group and a container "
+                             f"({type(e).__name__}: {e})") from None
         text = plan.kuberay_with_serve_config(target.read_text(), serve)
         serve_of = lambda t: yaml.safe_load(yaml.safe_load(t)["spec"]["serveConfigV2"])  # noqa: E731
         ok &= _write_or_check(target, text, a.check, serve_of)
@@ -306,11 +311,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return config_main(rest)
     if cmd in COMMANDS:
+        import yaml
+
         from services.common.config import ConfigError
 
         try:
             return COMMANDS[cmd](rest)
-        except (ConfigError, FileNotFoundError, ValueError) as e:
+        except (ConfigError, FileNotFoundError, ValueError, yaml.YAMLError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
     print(f"error: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)

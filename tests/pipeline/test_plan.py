@@ -92,5 +92,11 @@ def test_drift_is_detected_and_rewriting_fixes_it(tmp_path, capsys):
     assert main(["plan", GPU, "--kuberay", str(manifest), "--check"]) == 1
     assert main(["plan", GPU, "--kuberay", str(manifest)]) == 0
     assert manifest.read_text() == text
+    # what is not a RayService manifest, or not YAML, is refused with a message, not a traceback
+    for i, body in enumerate(["kind: ConfigMap\n", "- a\n", "", "a: [\n"]):
+        bad = tmp_path / f"bad{i}.yaml"
+        bad.write_text(body)
+        assert main(["plan", GPU, "--kuberay", str(bad)]) == 2
+    assert "is not a RayService manifest" in capsys.readouterr().err
     # generated files take the recipe as it is
     assert main(["plan", TINY, "rollout.replicas=2", "--serve-config", str(serve_file)]) == 2
