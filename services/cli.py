@@ -106,12 +106,16 @@ def _train(argv: list[str]) -> int:
                          "policy (train.init_from_sft); resumes an existing train.run_dir; Ctrl-C checkpoints.")
     cfg = _load(p.parse_args(argv).args)
     _setup_logging()
+    from services.common.calls import CallError
     from services.pipeline.train import train
 
     try:
         train(cfg)
     except KeyboardInterrupt:
         return 130
+    except CallError as e:  # a stage kept failing (retries spent, or no replica came up in time)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

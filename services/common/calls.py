@@ -54,7 +54,13 @@ def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retrie
 
     def start(i: int) -> "ray.ObjectRef":
         stats["calls"] += 1
-        return launch(payloads[i])
+        try:
+            return launch(payloads[i])
+        except Exception as e:  # e.g. no replica took the call within the timeout
+            within = f" within {timeout_s:g}s (ray.call_timeout_s)" if isinstance(e, TimeoutError) else ""
+            raise CallError(f"{what} call {i} could not be sent to a replica{within}: {type(e).__name__}: {e} "
+                            f"(were its replicas' nodes lost with no room left for a replacement? `mempo plan "
+                            f"CONFIG ray.address=...` checks the live cluster)") from e
 
     started = started or {}
     now = time.monotonic()
@@ -87,7 +93,11 @@ def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retrie
                 except Exception:  # nothing left to cancel on a lost node
                     pass
             if before_retry is not None:  # e.g. bring a replacement replica to the current policy
-                before_retry()
+                try:
+                    before_retry()
+                except Exception as e2:
+                    raise CallError(f"{what} call {i} failed ({type(e).__name__}) and no replica came up to retry "
+                                    f"it on: {type(e2).__name__}: {e2}") from e2
             pending[start(i)] = (i, attempt + 1, time.monotonic())
             continue
         results[i] = ref

@@ -37,6 +37,7 @@ class RolloutDriver:
         """One TrajectoryBatch ref per call, in prompt order. ``on_result(i, ref)`` runs as each call's
         result lands (the training loop starts scoring it there)."""
         payloads = [encode(chunk) for chunk in self.split(batch)]
-        return call_all(lambda p: self.handle.rollout.remote(p)._to_object_ref_sync(), payloads,
+        wait = self.cfg.ray.call_timeout_s or None  # for a replica to take the call, too
+        return call_all(lambda p: self.handle.rollout.remote(p)._to_object_ref_sync(_timeout_s=wait), payloads,
                         self.cfg.rollout.call_retries, "rollout", self.stats,
                         self.before_retry, on_result, timeout_s=self.cfg.ray.call_timeout_s)

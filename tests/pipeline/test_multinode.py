@@ -40,7 +40,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 PROMPTS, N = 2, 2
-LOSS_PROMPTS = 4  # a longer step for the node-loss run, so the loss lands inside it
+LOSS_PROMPTS = 4  # a longer step for the node-loss runs, so the loss lands inside it
+CALL_TIMEOUT_S = 60  # ray.call_timeout_s and ray.replica_wait_s of these runs
 PROBE = """
 import json, sys
 import ray
@@ -172,13 +173,14 @@ def overrides(cluster, grammar_model, tmp_path_factory):
         f"model.path={grammar_model}", "train.init_from_sft=false", f"train.run_dir={run_dir}",
         f"train.prompts_per_step={PROMPTS}", "train.eval_every=100", f"rollout.n={N}", "rollout.max_turns=3",
         "rollout.max_response_tokens=64", "rollout.groups_per_call=1", "rollout.call_retries=6",
+        f"ray.call_timeout_s={CALL_TIMEOUT_S}", f"ray.replica_wait_s={CALL_TIMEOUT_S}",
         "eval.during_training_per_k=1", "eval.objectives=[1]", "learner.kl_coef=0", "learner.checkpoint_every=100",
         # placement, as a cluster user writes it: each service on the nodes started with its resource
         "search.resources={head_node: 1}", "learner.resources={head_node: 1}",
         "rollout.resources={rollout_node: 1}", "scorer.resources={scorer_node: 1}"]
 
 
-def _train(cluster, overrides: list[str], steps: int, log_name: str, during=None) -> subprocess.CompletedProcess:
+def _train(cluster, overrides: list[str], steps: int, log_name: str, during=None, ok: bool = True) -> str:
     log = Path(cluster.temp_dir) / log_name
     with open(log, "w") as out:
         proc = subprocess.Popen([str(Path(PY).parent / "mempo"), "train", "deploy/configs/tiny.yaml",
@@ -192,8 +194,30 @@ def _train(cluster, overrides: list[str], steps: int, log_name: str, during=None
             if proc.poll() is None:
                 proc.kill()
     text = log.read_text()
-    assert proc.returncode == 0, text[-6000:]
+    assert (proc.returncode == 0) == ok, text[-6000:]
     return text
+
+
+def _kill_rollout_node_mid_step(cluster, run_dir: Path, http_port: str, rows_before: int, killed: dict):
+    """Returns what ``_train(during=...)`` runs: once ``rows_before`` steps are logged, the next step's
+    rollout starts; at its first search (the agents mid-episode, later turns still to generate) the
+    node hosting the rollout replica (read from Ray's state API at that moment) is killed."""
+    def during(proc):
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None:
+            if len(_rows(run_dir / "metrics.jsonl")) >= rows_before:
+                break
+            time.sleep(0.05)
+        before = httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=10).json()["requests"]
+        while time.time() < deadline and proc.poll() is None:
+            if httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=10).json()["requests"] > before:
+                break
+            time.sleep(0.02)
+        host = cluster.placement()["ServeReplica:rollout:rollout"]
+        assert len(host) == 1 and proc.poll() is None
+        killed.update(at=time.time(), node=host[0])
+        cluster.kill_node(host[0])
+    return during
 
 
 def test_two_steps_across_three_nodes_placed_by_resources(cluster, overrides):
@@ -235,26 +259,8 @@ def test_a_worker_node_lost_mid_step_the_step_completes_on_a_survivor(cluster, o
     cluster.add("worker-3", 1, {"rollout_node": 1})  # spare capacity for the rollout
     base = next(a for a in args if a.startswith("ray.http_port=")).split("=")[1]
     killed = {}
-
-    def kill_mid_step(proc):
-        # once step 3 is logged, step 4's rollout starts: wait for its first search (the agents are
-        # mid-episode, later turns still to generate), then take the node away
-        deadline = time.time() + 600
-        while time.time() < deadline and proc.poll() is None:
-            if len(_rows(run_dir / "metrics.jsonl")) >= 3:
-                break
-            time.sleep(0.05)
-        before = httpx.get(f"http://127.0.0.1:{base}/health", timeout=10).json()["requests"]
-        while time.time() < deadline and proc.poll() is None:
-            if httpx.get(f"http://127.0.0.1:{base}/health", timeout=10).json()["requests"] > before:
-                break
-            time.sleep(0.02)
-        host = cluster.placement()["ServeReplica:rollout:rollout"]  # Ray's state API: where it runs now
-        assert len(host) == 1 and proc.poll() is None
-        killed.update(at=time.time(), node=host[0])
-        cluster.kill_node(host[0])
-
-    _train(cluster, args + [f"train.prompts_per_step={LOSS_PROMPTS}"], 4, "train-2.log", during=kill_mid_step)
+    during = _kill_rollout_node_mid_step(cluster, run_dir, base, 3, killed)
+    _train(cluster, args + [f"train.prompts_per_step={LOSS_PROMPTS}"], 4, "train-2.log", during=during)
     assert "at" in killed
     rows = read_rows(run_dir / "metrics.jsonl", "train")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -270,3 +276,19 @@ def test_a_worker_node_lost_mid_step_the_step_completes_on_a_survivor(cluster, o
     dead = {n["node_name"] for n in cluster.state("nodes") if n["state"] == "DEAD"}
     assert dead == {victim}
     assert [r["version"] for r in cluster.probe()["rollout"]] == [4]
+
+
+def test_with_no_node_left_for_the_rollout_the_step_fails_in_bounded_time_with_a_clear_error(cluster, overrides):
+    # the previous test's survivor is the last node with rollout_node: lose it too, and Serve has nowhere
+    # to put the replica; the loop must not wait forever
+    run_dir, args = overrides
+    base = next(a for a in args if a.startswith("ray.http_port=")).split("=")[1]
+    killed = {}
+    during = _kill_rollout_node_mid_step(cluster, run_dir, base, 5, killed)
+    out = _train(cluster, args + [f"train.prompts_per_step={LOSS_PROMPTS}"], 6, "train-3.log", during=during,
+                 ok=False)
+    failed_after = time.time() - killed["at"]
+    assert failed_after < 4 * CALL_TIMEOUT_S, failed_after  # bounded by the config's waits, not forever
+    assert "error: rollout call" in out  # says which call, and why
+    assert "stopped at step 5: checkpoint in" in out  # nothing lost: the same command resumes there
+    assert [r["step"] for r in read_rows(run_dir / "metrics.jsonl", "train")] == [1, 2, 3, 4, 5]
