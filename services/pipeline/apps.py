@@ -153,16 +153,18 @@ class Pipeline:
 
     def resync(self) -> None:
         """Before a retried call: a replica Serve started in place of a dead one holds ``model.path``;
-        bring it to the policy of the last ``sync_weights`` (a no-op before the first), waiting up to
+        bring it to the learner's current policy (with rollout ahead of the learner, newer than the last
+        ``sync_weights``; without a learner, that sync's, and a no-op before the first), waiting up to
         ``ray.replica_wait_s`` for a replacement when a deployment has no replica at all."""
         from ray.serve.exceptions import DeploymentUnavailableError
 
-        if self.version is None:
+        target = self.learner.info()["version"] if self.learner is not None else self.version
+        if target is None:
             return
         deadline = time.monotonic() + self.cfg.ray.replica_wait_s
         while True:  # a deployment whose only replica died has none until Serve's replacement is up
             try:
-                self.sync_weights(self.version)
+                self.sync_weights(target)
                 return
             except DeploymentUnavailableError:
                 if time.monotonic() > deadline:
