@@ -70,11 +70,16 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+def _split(args: list[str]) -> tuple[str, list[str]]:
+    """(config path, key=value overrides) of a command's positional arguments."""
+    path = args[0] if args and "=" not in args[0] else DEFAULT_CONFIG
+    return path, [a for a in args if a is not path]
+
+
 def _load(args: list[str]):
     from services.common.config import load_config
 
-    path = args[0] if args and "=" not in args[0] else DEFAULT_CONFIG
-    return load_config(path, [a for a in args if a is not path])
+    return load_config(*_split(args))
 
 
 def _setup_logging() -> None:
@@ -144,8 +149,7 @@ def _compare(argv: list[str]) -> int:
     _setup_logging()
     from services.pipeline.compare import compare
 
-    path = a.args[0] if a.args and "=" not in a.args[0] else DEFAULT_CONFIG
-    overrides = [x for x in a.args if x is not path]
+    path, overrides = _split(a.args)
     _load(a.args)  # fail on a bad key before anything starts
     try:
         compare(path, overrides, [v.strip() for v in a.variants.split(",") if v.strip()] or None)
@@ -223,18 +227,18 @@ def _plan(argv: list[str]) -> int:
 
     from services.pipeline import plan
 
-    path = a.args[0] if a.args and "=" not in a.args[0] else DEFAULT_CONFIG
-    overrides = [x for x in a.args if x is not path]
+    path, overrides = _split(a.args)
     if overrides and (a.serve_config or a.kuberay):
         print("error: generated files take the recipe as it is; put overrides in the config file", file=sys.stderr)
         return 2
     units = plan.actors(cfg)
     print(f"plan of {path}" + (f" with {' '.join(overrides)}" if overrides else ""))
-    print(plan.describe(cfg, units))
+    print(plan.describe(units))
     ok = True
     nodes, where = None, ""
     if a.node:
-        nodes, where = plan.parse_nodes(a.node), f"the {len(plan.parse_nodes(a.node))} given node(s)"
+        nodes = plan.parse_nodes(a.node)
+        where = f"the {len(nodes)} given node(s)"
     elif cfg.ray.address and not (a.serve_config or a.kuberay):
         try:
             nodes, where = plan.cluster_nodes(cfg.ray.address), f"the cluster at ray.address={cfg.ray.address}"
@@ -252,17 +256,16 @@ def _plan(argv: list[str]) -> int:
         manifest = yaml.safe_load(target.read_text())
         try:
             serve = plan.serve_config(cfg, plan.kuberay_config_path(manifest, rel))
-            plan.kuberay_nodes(manifest, at_most=True)
+            pods = {at_most: plan.kuberay_nodes(manifest, at_most) for at_most in (False, True)}
         except (KeyError, IndexError, TypeError, AttributeError) as e:
             raise ValueError(f"{target} is not a RayService manifest with a head group and a container "
                              f"({type(e).__name__}: {e})") from None
         text = plan.kuberay_with_serve_config(target.read_text(), serve)
         serve_of = lambda t: yaml.safe_load(yaml.safe_load(t)["spec"]["serveConfigV2"])  # noqa: E731
         ok &= _write_or_check(target, text, a.check, serve_of)
-        for at_most in (False, True):
-            pods = plan.kuberay_nodes(manifest, at_most)
-            ok &= _report_fit(plan.fit(units, pods), f"{target}'s {len(pods)} pod(s) at "
-                                                      f"{'maxReplicas' if at_most else 'minReplicas'}", strict=at_most)
+        for at_most, nodes in pods.items():
+            ok &= _report_fit(plan.fit(units, nodes), f"{target}'s {len(nodes)} pod(s) at "
+                                                       f"{'maxReplicas' if at_most else 'minReplicas'}", strict=at_most)
     return 0 if ok else 1
 
 

@@ -42,6 +42,12 @@ def require_version(held: int, min_version: int, replica: str) -> None:
         raise StaleReplica(f"replica {replica} holds policy version {held}, the call needs >= {min_version}")
 
 
+def serve_ref(response, timeout_s: float) -> "ray.ObjectRef":
+    """The ObjectRef of a Serve handle call, owned by this process (so the result outlives the replica),
+    waiting at most ``timeout_s`` (0 = no limit) for a replica to take the call."""
+    return response._to_object_ref_sync(_timeout_s=timeout_s or None)
+
+
 def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retries: int, what: str,
              stats: dict | None = None, before_retry: Callable[[], object] | None = None,
              on_result: Callable[[int, "ray.ObjectRef"], object] | None = None,

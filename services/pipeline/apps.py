@@ -88,12 +88,9 @@ def check_resources(cfg: MempoConfig, services, strict: bool = True) -> None:
     """Fail fast, with the numbers, when this cluster's live nodes cannot place the services (Serve
     would otherwise wait forever for a replica that never fits). ``strict=False`` logs instead (a
     cluster with an autoscaler may add nodes). The arithmetic is services/pipeline/plan.py's."""
-    import ray
+    from services.pipeline.plan import actors, fit, live_nodes
 
-    from services.pipeline.plan import actors, fit
-
-    nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
-    errors, warnings = fit(actors(cfg, services), nodes)
+    errors, warnings = fit(actors(cfg, services), live_nodes())
     for w in warnings:
         log.warning("%s", w)
     if not errors:

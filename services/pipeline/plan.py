@@ -134,7 +134,7 @@ def _fmt(demand: dict) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in demand.items()) or "nothing"
 
 
-def describe(cfg: MempoConfig, units: list[Actors]) -> str:
+def describe(units: list[Actors]) -> str:
     """The plan as a table and totals."""
     rows = [("service", "actor", "count", "CPU", "GPU", "resources")]
     for u in units:
@@ -166,29 +166,32 @@ def parse_nodes(specs: list[str]) -> list[dict[str, float]]:
     return nodes
 
 
+def live_nodes() -> list[dict[str, float]]:
+    """Total resources of each live node of the cluster this process is connected to."""
+    import ray
+
+    return [{k: v for k, v in n["Resources"].items() if not k.startswith("node:")} for n in ray.nodes() if n["Alive"]]
+
+
 def cluster_nodes(address: str) -> list[dict[str, float]]:
-    """Total resources of each live node of a running cluster."""
+    """:func:`live_nodes` of the cluster at ``address`` (joined if this process is not connected yet)."""
     import ray
 
     from services.common.local_ray import join_options
 
     if not ray.is_initialized():
         ray.init(**join_options(address))
-    return [{k: v for k, v in n["Resources"].items() if not k.startswith("node:")} for n in ray.nodes() if n["Alive"]]
+    return live_nodes()
 
 
-def serve_config(cfg: MempoConfig, config_arg: str, overrides: list[str] = (), http_host: str = "0.0.0.0") -> dict:
+def serve_config(cfg: MempoConfig, config_arg: str) -> dict:
     """The Serve config file (``serve deploy``) of the four services, from ``cfg``: each application's
-    import path and args, and its deployment's options as ``mempo train`` sets them."""
-    apps = []
-    for service, opts in deployments(cfg).items():
-        args: dict = {"config": config_arg}
-        if overrides:
-            args["overrides"] = list(overrides)
-        apps.append({"name": app_name(cfg, service), "route_prefix": route_prefix(cfg, service),
-                     "import_path": f"services.pipeline.serve_apps:{service}", "args": args,
-                     "deployments": [{"name": service, **opts}]})
-    return {"proxy_location": cfg.ray.proxy_location, "http_options": {"host": http_host, "port": cfg.ray.http_port},
+    import path and args, and its deployment's options as ``mempo train`` sets them. HTTP listens on
+    every interface of a cluster node (only the REST endpoints; see the file's header)."""
+    apps = [{"name": app_name(cfg, service), "route_prefix": route_prefix(cfg, service),
+             "import_path": f"services.pipeline.serve_apps:{service}", "args": {"config": config_arg},
+             "deployments": [{"name": service, **opts}]} for service, opts in deployments(cfg).items()]
+    return {"proxy_location": cfg.ray.proxy_location, "http_options": {"host": "0.0.0.0", "port": cfg.ray.http_port},
             "applications": apps}
 
 

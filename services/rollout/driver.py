@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import ray
 
-from services.common.calls import call_all
+from services.common.calls import call_all, serve_ref
 from services.common.codec import encode
 from services.common.config import MempoConfig
 from services.common.messages import PromptBatch
@@ -37,7 +37,7 @@ class RolloutDriver:
         """One TrajectoryBatch ref per call, in prompt order. ``on_result(i, ref)`` runs as each call's
         result lands (the training loop starts scoring it there)."""
         payloads = [encode(chunk) for chunk in self.split(batch)]
-        wait = self.cfg.ray.call_timeout_s or None  # for a replica to take the call, too
-        return call_all(lambda p: self.handle.rollout.remote(p)._to_object_ref_sync(_timeout_s=wait), payloads,
+        timeout_s = self.cfg.ray.call_timeout_s
+        return call_all(lambda p: serve_ref(self.handle.rollout.remote(p), timeout_s), payloads,
                         self.cfg.rollout.call_retries, "rollout", self.stats,
-                        self.before_retry, on_result, timeout_s=self.cfg.ray.call_timeout_s)
+                        self.before_retry, on_result, timeout_s=timeout_s)

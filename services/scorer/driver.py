@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ray
 
-from services.common.calls import call_all
+from services.common.calls import call_all, serve_ref
 from services.common.config import MempoConfig
 
 
@@ -31,13 +31,14 @@ class ScorerDriver:
         """Launch the scoring of one TrajectoryBatch ref now; its MemoryScoreBatch ref. A replica
         holding a policy older than ``min_version`` refuses (and the call is retried after a re-sync)."""
         self.stats["calls"] += 1
-        return self.handle.score.remote(traj_ref, min_version)._to_object_ref_sync(_timeout_s=self.timeout_s or None)
+        return self._launch(traj_ref, min_version)
+
+    def _launch(self, traj_ref: "ray.ObjectRef", min_version: int) -> "ray.ObjectRef":
+        return serve_ref(self.handle.score.remote(traj_ref, min_version), self.timeout_s)
 
     def score(self, traj_refs: list["ray.ObjectRef"], started: dict[int, "ray.ObjectRef"] | None = None,
               min_version: int = -1) -> list["ray.ObjectRef"]:
         """One MemoryScoreBatch ref per TrajectoryBatch ref, in order; ``started[i]`` is awaited
         instead of launching call i again (a failed one is relaunched)."""
-        wait = self.timeout_s or None  # for a replica to take the call, too
-        return call_all(lambda ref: self.handle.score.remote(ref, min_version)._to_object_ref_sync(_timeout_s=wait),
-                        list(traj_refs), self.retries, "score", self.stats, self.before_retry, started=started,
-                        timeout_s=self.timeout_s)
+        return call_all(lambda ref: self._launch(ref, min_version), list(traj_refs), self.retries, "score",
+                        self.stats, self.before_retry, started=started, timeout_s=self.timeout_s)

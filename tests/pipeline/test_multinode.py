@@ -167,9 +167,10 @@ def cluster(world, grammar_model):
 
 @pytest.fixture(scope="module")
 def overrides(cluster, grammar_model, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("multinode") / "run"
+    """(run directory, `mempo train` overrides, Serve HTTP port) shared by the module's runs."""
+    run_dir, port = tmp_path_factory.mktemp("multinode") / "run", free_ports(1)[0]
     return run_dir, [
-        f"ray.address={cluster.address}", f"ray.http_port={free_ports(1)[0]}", "ray.proxy_location=HeadOnly",
+        f"ray.address={cluster.address}", f"ray.http_port={port}", "ray.proxy_location=HeadOnly",
         f"model.path={grammar_model}", "train.init_from_sft=false", f"train.run_dir={run_dir}",
         f"train.prompts_per_step={PROMPTS}", "train.eval_every=100", f"rollout.n={N}", "rollout.max_turns=3",
         "rollout.max_response_tokens=64", "rollout.groups_per_call=1", "rollout.call_retries=6",
@@ -177,7 +178,7 @@ def overrides(cluster, grammar_model, tmp_path_factory):
         "eval.during_training_per_k=1", "eval.objectives=[1]", "learner.kl_coef=0", "learner.checkpoint_every=100",
         # placement, as a cluster user writes it: each service on the nodes started with its resource
         "search.resources={head_node: 1}", "learner.resources={head_node: 1}",
-        "rollout.resources={rollout_node: 1}", "scorer.resources={scorer_node: 1}"]
+        "rollout.resources={rollout_node: 1}", "scorer.resources={scorer_node: 1}"], port
 
 
 def _train(cluster, overrides: list[str], steps: int, log_name: str, during=None, ok: bool = True) -> str:
@@ -198,7 +199,7 @@ def _train(cluster, overrides: list[str], steps: int, log_name: str, during=None
     return text
 
 
-def _kill_rollout_node_mid_step(cluster, run_dir: Path, http_port: str, rows_before: int, killed: dict):
+def _kill_rollout_node_mid_step(cluster, run_dir: Path, http_port: int, rows_before: int, killed: dict):
     """Returns what ``_train(during=...)`` runs: once ``rows_before`` steps are logged, the next step's
     rollout starts; at its first search (the agents mid-episode, later turns still to generate) the
     node hosting the rollout replica (read from Ray's state API at that moment) is killed."""
@@ -221,7 +222,7 @@ def _kill_rollout_node_mid_step(cluster, run_dir: Path, http_port: str, rows_bef
 
 
 def test_two_steps_across_three_nodes_placed_by_resources(cluster, overrides):
-    run_dir, args = overrides
+    run_dir, args, _ = overrides
     _train(cluster, args, 2, "train-1.log")
     nodes = {n["node_name"]: n["node_id"] for n in cluster.state("nodes")}
     placed = cluster.placement()  # Ray's own state API, not the config
@@ -239,11 +240,11 @@ def test_two_steps_across_three_nodes_placed_by_resources(cluster, overrides):
     for r in rows:
         assert r["episodes"] == PROMPTS * N and r["prompt_groups"] == r["prompt_groups_unique"] == PROMPTS
         assert r["published_replicas"] == 2 and r["version_lag_max"] == 0 and r["nodes_alive"] == 3
-        assert r["scorer/blocks"] >= 0 and r["rollout_retries"] == 0
+        assert "scorer/blocks" in r and r["rollout_retries"] == 0  # scored on worker-2; nothing re-sent
 
 
 def test_plan_checks_the_live_cluster(cluster, overrides):
-    _, args = overrides
+    _, args, _ = overrides
     mempo = [str(Path(PY).parent / "mempo"), "plan", "deploy/configs/tiny.yaml"]
     ok = subprocess.run(mempo + args, cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and f"fits the cluster at ray.address={cluster.address}" in ok.stdout, ok.stderr
@@ -255,11 +256,10 @@ def test_plan_checks_the_live_cluster(cluster, overrides):
 
 
 def test_a_worker_node_lost_mid_step_the_step_completes_on_a_survivor(cluster, overrides):
-    run_dir, args = overrides
+    run_dir, args, port = overrides
     cluster.add("worker-3", 1, {"rollout_node": 1})  # spare capacity for the rollout
-    base = next(a for a in args if a.startswith("ray.http_port=")).split("=")[1]
     killed = {}
-    during = _kill_rollout_node_mid_step(cluster, run_dir, base, 3, killed)
+    during = _kill_rollout_node_mid_step(cluster, run_dir, port, 3, killed)
     _train(cluster, args + [f"train.prompts_per_step={LOSS_PROMPTS}"], 4, "train-2.log", during=during)
     assert "at" in killed
     rows = read_rows(run_dir / "metrics.jsonl", "train")
@@ -281,10 +281,9 @@ def test_a_worker_node_lost_mid_step_the_step_completes_on_a_survivor(cluster, o
 def test_with_no_node_left_for_the_rollout_the_step_fails_in_bounded_time_with_a_clear_error(cluster, overrides):
     # the previous test's survivor is the last node with rollout_node: lose it too, and Serve has nowhere
     # to put the replica; the loop must not wait forever
-    run_dir, args = overrides
-    base = next(a for a in args if a.startswith("ray.http_port=")).split("=")[1]
+    run_dir, args, port = overrides
     killed = {}
-    during = _kill_rollout_node_mid_step(cluster, run_dir, base, 5, killed)
+    during = _kill_rollout_node_mid_step(cluster, run_dir, port, 5, killed)
     out = _train(cluster, args + [f"train.prompts_per_step={LOSS_PROMPTS}"], 6, "train-3.log", during=during,
                  ok=False)
     failed_after = time.time() - killed["at"]

@@ -11,7 +11,6 @@ port and the run directory changed.
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,22 +20,13 @@ import httpx
 import pytest
 import yaml
 
+from services.common.local_cluster import free_ports
 from services.common.local_ray import LOOPBACK, LOOPBACK_ENV
 from tests.pipeline.sockets import exposed, listening
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
-
-
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _kill_cluster(temp_dir: str, head: subprocess.Popen) -> None:
@@ -55,7 +45,7 @@ def _kill_cluster(temp_dir: str, head: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def head(world, grammar_model, tmp_path_factory):
-    gcs, dash, agent, agent_grpc, metrics, env_agent, client, http = _ports(8)
+    gcs, dash, agent, agent_grpc, metrics, env_agent, client, http = free_ports(8)
     temp_dir = tempfile.mkdtemp(prefix="mdt", dir="/tmp")
     # token authentication on, with a token of this cluster's own; every address on loopback
     token = secrets.token_hex(32)
