@@ -82,20 +82,14 @@ def qwen_tokenizer(world, tiny_cfg):
     return AutoTokenizer.from_pretrained(str(qwen_tokenizer_path(tiny_cfg)))
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def serve_http(ray_cluster):
     """Ray Serve on the shared cluster, HTTP on a free local port; yields the base URL."""
     from ray import serve
 
-    port = _free_port()
+    from services.common.local_ray import free_ports
+
+    port = free_ports(1)[0]
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()

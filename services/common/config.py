@@ -432,6 +432,13 @@ def replica_config(cfg: MempoConfig) -> dict:
     return cfg.model_dump(mode="json", exclude=_DRIVER_ONLY_FIELDS)
 
 
+def learner_worker_gpus(cfg: "MempoConfig") -> float:
+    """GPUs per learner FSDP worker: one wherever the policy runs on GPUs (the rollout or scorer use them, or
+    learner.backend is nccl), else none. Read from the config, not from ``torch.cuda.is_available()``: the
+    learner group is built inside the learner's Serve replica, which asks Ray for no GPU and may see none."""
+    return 1.0 if cfg.rollout.num_gpus or cfg.scorer.num_gpus or cfg.learner.backend == "nccl" else 0.0
+
+
 def actor_options(num_cpus: float, num_gpus: float = 0.0, resources: dict | None = None) -> dict:
     """Ray actor options of a replica or worker: CPUs, GPUs and, where a config names them, custom
     resources (left out when empty, so a config without placement deploys as before)."""

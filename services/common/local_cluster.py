@@ -27,22 +27,11 @@ import argparse
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
 
-from services.common.local_ray import LOOPBACK, use_loopback_node
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind((LOOPBACK, 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+from services.common.local_ray import LOOPBACK, free_ports, use_loopback_node
 
 
 def start_node(name: str, num_cpus: int, resources: dict, join: str | None, temp_dir: str,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,17 @@ LOOPBACK = "127.0.0.1"
 # The environment a loopback-only node needs in every process that starts Ray (ray.init, ray start).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 TOKEN_ENV = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on loopback now (all held open together, so none repeats)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind((LOOPBACK, 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def local_init_options(num_cpus: int | None, object_store_memory: int | None) -> dict[str, Any]:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import math
 import shutil
-import socket
 from pathlib import Path
 
 import ray
-import torch
 
 from services.common.codec import encode
-from services.common.config import MempoConfig, actor_options
+from services.common.config import MempoConfig, actor_options, learner_worker_gpus
+from services.common.local_ray import free_ports
 from services.common.messages import TrainingBatch
 from services.learner.worker import LearnerWorker
 
@@ -28,19 +27,13 @@ _SUMMED = ("pg_loss", "kl", "entropy", "abs_diff", "tokens", "clip", "dual_clip"
            "is_weight", "is_truncated")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LearnerGroup:
     def __init__(self, cfg: MempoConfig, model_dir: str, world_size: int | None = None):
         self.cfg = cfg
         self.world = world_size or cfg.learner.world_size
-        gpus = 1 if torch.cuda.is_available() else 0
-        actor = ray.remote(**actor_options(cfg.learner.num_cpus_per_worker, gpus, cfg.learner.resources))(LearnerWorker)
-        port = _free_port()
+        options = actor_options(cfg.learner.num_cpus_per_worker, learner_worker_gpus(cfg), cfg.learner.resources)
+        actor = ray.remote(**options)(LearnerWorker)
+        port = free_ports(1)[0]
         config = cfg.model_dump(mode="json")
         self.workers = [actor.remote(r, self.world, config, str(model_dir), port) for r in range(self.world)]
         self.pids: list[int] = ray.get([w.ready.remote() for w in self.workers])

@@ -48,9 +48,14 @@ def generate(cfg: MempoConfig, pipe, batch: PromptBatch) -> tuple[list, list, fl
     (trajectory refs, score refs, rollout seconds, scoring tail)."""
     use_scores = cfg.algorithm.use_memory_reward and pipe.scorer is not None
     early: dict = {}
+
+    def score_now(i: int, ref) -> None:
+        started = pipe.scorer.start(ref, batch.min_version)
+        if started is not None:  # not taken: score() below sends it again
+            early[i] = started
+
     t0 = time.perf_counter()
-    on_result = ((lambda i, ref: early.__setitem__(i, pipe.scorer.start(ref, batch.min_version)))
-                 if use_scores else None)
+    on_result = score_now if use_scores else None
     traj_refs = pipe.rollout.rollout(batch, on_result=on_result)
     t1 = time.perf_counter()
     score_refs = pipe.scorer.score(traj_refs, started=early, min_version=batch.min_version) if use_scores else []

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from services.common.config import MempoConfig
+from services.common.config import MempoConfig, learner_worker_gpus
 from services.pipeline.apps import SERVICES, app_name, route_prefix
 
 SERVE_CONFIG_HEADER = """\
@@ -66,11 +66,6 @@ def deployments(cfg: MempoConfig) -> dict[str, dict]:
     from services.search_tool.service import deployment_options as search
 
     return {"search": search(cfg), "rollout": rollout(cfg), "scorer": scorer(cfg), "learner": learner(cfg)}
-
-
-def learner_worker_gpus(cfg: MempoConfig) -> float:
-    """GPUs per FSDP worker: one wherever the policy runs on GPUs (the rollout or scorer use them)."""
-    return 1.0 if cfg.rollout.num_gpus or cfg.scorer.num_gpus or cfg.learner.backend == "nccl" else 0.0
 
 
 def actors(cfg: MempoConfig, services=SERVICES) -> list[Actors]:

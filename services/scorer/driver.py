@@ -13,11 +13,14 @@ call is sent again up to ``scorer.call_retries`` times.
 
 from __future__ import annotations
 
+import logging
+
 import ray
 
 from services.common.calls import call_all, serve_ref
 from services.common.config import MempoConfig
 
+log = logging.getLogger("mempo.scorer")
 
 class ScorerDriver:
     def __init__(self, handle, cfg: MempoConfig, retries: int | None = None):
@@ -27,11 +30,18 @@ class ScorerDriver:
         self.stats = {"calls": 0, "retries": 0, "failed_s": 0.0}
         self.before_retry = None  # set by the Pipeline: re-sync replaced replicas to the current policy
 
-    def start(self, traj_ref: "ray.ObjectRef", min_version: int = -1) -> "ray.ObjectRef":
+    def start(self, traj_ref: "ray.ObjectRef", min_version: int = -1) -> "ray.ObjectRef | None":
         """Launch the scoring of one TrajectoryBatch ref now; its MemoryScoreBatch ref. A replica
-        holding a policy older than ``min_version`` refuses (and the call is retried after a re-sync)."""
+        holding a policy older than ``min_version`` refuses (and the call is retried after a re-sync).
+        None when no replica took the call (e.g. none within ``ray.call_timeout_s``): an early start is
+        only a head start, so ``score()`` sends the call again with its retries and its clear error."""
         self.stats["calls"] += 1
-        return self._launch(traj_ref, min_version)
+        try:
+            return self._launch(traj_ref, min_version)
+        except Exception as e:
+            log.warning("early scoring call not taken (%s: %s); it is sent again with the step's others",
+                        type(e).__name__, e)
+            return None
 
     def _launch(self, traj_ref: "ray.ObjectRef", min_version: int) -> "ray.ObjectRef":
         return serve_ref(self.handle.score.remote(traj_ref, min_version), self.timeout_s)

@@ -65,3 +65,42 @@ def test_a_replica_behind_the_required_version_refuses():
     require_version(3, 3, "r")
     with pytest.raises(StaleReplica, match="holds policy version 0, the call needs >= 2"):
         require_version(0, 2, "r")  # a replacement that still holds model.path
+
+
+def test_an_early_scoring_call_no_replica_takes_is_left_to_score(ray_cluster):
+    """ScorerDriver.start is a head start: when its launch fails (no replica within the call timeout)
+    it returns None instead of raising into the rollout loop, and score() sends that call itself."""
+    from services.common.config import MempoConfig
+    from services.scorer.driver import ScorerDriver
+
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    def score(x):
+        return x + 1
+
+    class Response:  # what a Serve handle call returns; ``_to_object_ref_sync`` is where it can time out
+        def __init__(self, ref):
+            self.ref = ref
+
+        def _to_object_ref_sync(self, _timeout_s=None):
+            if self.ref is None:
+                raise TimeoutError("no replica took the call")
+            return self.ref
+
+    class Handle:
+        def __init__(self):
+            self.sent, self.take = [], False
+            self.score = self
+
+        def remote(self, x, min_version):
+            self.sent.append(x)
+            return Response(score.remote(x) if self.take else None)
+
+    cfg = MempoConfig()
+    handle = Handle()
+    driver = ScorerDriver(handle, cfg, retries=0)
+    assert driver.start(1) is None  # logged, not raised
+    handle.take = True
+    assert ray.get(driver.score([1, 2], started={})) == [2, 3]
+    assert handle.sent == [1, 1, 2] and driver.stats["calls"] == 3

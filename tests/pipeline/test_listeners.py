@@ -9,7 +9,6 @@ tree is left is killed by pid.
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,17 +17,12 @@ import httpx
 import psutil
 import pytest
 
+from services.common.local_ray import free_ports
 from tests.pipeline.sockets import exposed, listening, tree
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen, pids: set[int]) -> None:
@@ -48,7 +42,7 @@ def _stop(proc: subprocess.Popen, pids: set[int]) -> None:
 
 
 def test_mempo_serve_listens_on_loopback_only(world, tmp_path):
-    port = _free_port()
+    port = free_ports(1)[0]
     log = tmp_path / "serve.log"
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)

@@ -32,7 +32,7 @@ import httpx
 import psutil
 import pytest
 
-from services.common.local_cluster import free_ports
+from services.common.local_ray import free_ports
 from services.common.local_ray import LOOPBACK_ENV
 from services.pipeline.runlog import read_rows
 
