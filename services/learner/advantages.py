@@ -3,8 +3,9 @@
     R_out   = EM of the last <answer> (SQuAD-normalised, fraction of the k questions); 0 if the
               episode's format is invalid (it never answered, or a turn broke the grammar)
     A_out   = (R_out - mean_group) / (std_group + eps)                       per episode
-    A_mem   = (R_mem - mean_pool) / (std_pool + eps)                         per <mem> block, pooled
-              over the prompt's group ("prompt", reference) or per (prompt, turn) ("prompt_turn")
+    A_mem   = (R_mem - mean_pool) / (max(std_pool, floor) + eps)             per <mem> block, pooled
+              over the prompt's group ("prompt", reference) or per (prompt, turn) ("prompt_turn");
+              floor = algorithm.mem_std_floor (0 in the reference: plain normalisation)
     A_token = A_out on every generated token of the episode, + alpha * A_mem on the tokens of that
               turn's <mem>...</mem> span; observation tokens get no loss
 
@@ -40,15 +41,20 @@ def outcome_reward(ep: Episode, golds: list[list[str]], separator: str = ";") ->
     return multi_objective_em(ep.answer, golds, separator), multi_objective_f1(ep.answer, golds, separator)
 
 
-def normalize(values, eps: float) -> np.ndarray:
-    """(v - mean) / (std + eps) with the unbiased std; 0 for a single or constant set."""
+def spread(values) -> float:
+    """The unbiased std of a set (0 for fewer than two values)."""
     v = np.asarray(values, dtype=np.float64)
-    if v.size < 2:
+    return float(v.std(ddof=1)) if v.size >= 2 else 0.0
+
+
+def normalize(values, eps: float, std_floor: float = 0.0) -> np.ndarray:
+    """(v - mean) / (max(std, std_floor) + eps) with the unbiased std; 0 for a single or constant set.
+    A floor keeps a set whose values barely differ (noise) from being blown up to unit scale."""
+    v = np.asarray(values, dtype=np.float64)
+    std = spread(v)
+    if v.size < 2 or not np.isfinite(std) or std == 0.0:
         return np.zeros(v.shape, np.float32)
-    std = v.std(ddof=1)
-    if not np.isfinite(std) or std == 0.0:
-        return np.zeros(v.shape, np.float32)
-    return ((v - v.mean()) / (std + eps)).astype(np.float32)
+    return ((v - v.mean()) / (max(std, std_floor) + eps)).astype(np.float32)
 
 
 @dataclass
@@ -72,6 +78,7 @@ def token_advantage(n_tokens: int, a_out: float, mem_span: tuple[int, int], a_me
 def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch], cfg: AlgorithmConfig) -> Advantages:
     out = Advantages()
     varied = 0  # groups whose outcome rewards differ: the only ones GRPO's outcome advantage learns from
+    mem_spreads: list[float] = []  # the std of R_mem in each pool of two or more blocks
     by_group: dict[int, list] = defaultdict(list)
     if scores is not None and cfg.use_memory_reward:
         for s in scores.scores:
@@ -87,7 +94,10 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
             turn_no = group.episodes[s.episode].turns[s.turn].turn
             pools[None if cfg.mem_pooling == "prompt" else turn_no].append(s)
         for pool in pools.values():
-            for s, a in zip(pool, normalize([s.r_mem for s in pool], cfg.mem_eps)):
+            r_mem = [s.r_mem for s in pool]
+            if len(pool) >= 2:
+                mem_spreads.append(spread(r_mem))
+            for s, a in zip(pool, normalize(r_mem, cfg.mem_eps, cfg.mem_std_floor)):
                 out.a_mem[(g, s.episode, s.turn)] = float(a)
         for e, ep in enumerate(group.episodes):
             for t, turn in enumerate(ep.turns):
@@ -98,5 +108,10 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
     out.metrics = {"reward_mean": sum(out.rewards.values()) / n, "f1_mean": sum(out.f1.values()) / n,
                    "format_ok_share": sum(format_valid(ep) for grp in batch.groups for ep in grp.episodes) / n,
                    "mem_blocks": float(len(out.a_mem)),
+                   # how far apart a pool's memory rewards are, and how large the advantages made of them
+                   "mem_pools": float(len(mem_spreads)),
+                   "mem_pool_std_mean": float(np.mean(mem_spreads)) if mem_spreads else 0.0,
+                   "mem_pool_std_max": float(np.max(mem_spreads)) if mem_spreads else 0.0,
+                   "mem_adv_abs_mean": float(np.mean(np.abs(list(out.a_mem.values())))) if out.a_mem else 0.0,
                    "groups_with_variance": varied / max(1, len(batch.groups))}
     return out

@@ -37,6 +37,16 @@ from services.common.serve_version import pinned
 log = logging.getLogger("mempo.learner")
 
 
+def memory_spread(adv_metrics: list[dict]) -> dict:
+    """The step's memory-reward spread from each batch's advantages: the std of R_mem per pool (mean
+    over pools, and the largest) and the mean |A_mem| per block."""
+    pools = sum(m["mem_pools"] for m in adv_metrics)
+    blocks = sum(m["mem_blocks"] for m in adv_metrics)
+    return {"mem_pool_std_mean": sum(m["mem_pool_std_mean"] * m["mem_pools"] for m in adv_metrics) / max(pools, 1.0),
+            "mem_pool_std_max": max((m["mem_pool_std_max"] for m in adv_metrics), default=0.0),
+            "mem_adv_abs_mean": sum(m["mem_adv_abs_mean"] * m["mem_blocks"] for m in adv_metrics) / max(blocks, 1.0)}
+
+
 def stage_metrics(trajs: list[TrajectoryBatch], scores: list[MemoryScoreBatch], version: int) -> dict:
     """What the rollout and scorer stages reported in their batches, merged over calls, plus how
     many versions behind the learner the sampled tokens were (0 = on-policy)."""
@@ -134,6 +144,7 @@ class LearnerService:
         n = max(1, len(adv_metrics))
         for key in ("reward_mean", "f1_mean", "format_ok_share", "groups_with_variance"):
             metrics[key] = sum(m[key] for m in adv_metrics) / n
+        metrics.update(memory_spread(adv_metrics))
         metrics.update(version=self.version, step=self.step_no, prepare_s=prep_s, publish_s=time.perf_counter() - t1,
                        busy_s=time.perf_counter() - t0,
                        published_replicas=report.get("replicas", 0), samples=len(batch.cu_seqlens) - 1,

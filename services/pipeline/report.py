@@ -109,7 +109,8 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
                                     ("groups_with_variance", train, "groups with reward variance")]),
         ("held-out EM", [("em", evals, "mean over k")] + [
             (k, evals, k.split("/")[0]) for k in sorted({k for r in evals for k in r if k.endswith("/em")})]),
-        ("mean R_mem (train)", [("scorer/r_mem_mean", train, "R_mem")]),
+        ("R_mem (train)", [("scorer/r_mem_mean", train, "mean"),
+                           ("mem_pool_std_mean", train, "std within a prompt's pool")]),
         ("P_mem and P_full (train)", [("scorer/p_mem_mean", train, "P_mem"), ("scorer/p_full_mean", train, "P_full")]),
         ("peak tokens per turn (train)", [("rollout/peak_tokens_mean", train, "mean"),
                                           ("rollout/peak_tokens_max", train, "max")]),

@@ -65,6 +65,33 @@ def test_grpo_hand_computed():
     np.testing.assert_allclose(a, [0.25 / 0.500001, -0.75 / 0.500001, 0.25 / 0.500001, 0.25 / 0.500001], rtol=1e-6)
 
 
+def test_std_floor_shrinks_a_pool_of_near_equal_values_and_leaves_a_wide_one():
+    near = [0.95, 0.96, 0.94, 0.95]  # std 0.0082: plain normalisation makes unit-scale advantages of it
+    plain, floored = normalize(near, 1e-6), normalize(near, 1e-6, std_floor=0.1)
+    np.testing.assert_allclose(floored, (np.array(near) - np.mean(near)) / (0.1 + 1e-6), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(floored, plain * np.std(near, ddof=1) / 0.1, rtol=1e-3)
+    wide = [0.0, 0.5, 1.0]  # std 0.5 > floor: unchanged
+    np.testing.assert_allclose(normalize(wide, 1e-6, std_floor=0.1), normalize(wide, 1e-6))
+    assert (normalize([0.3, 0.3], 1e-6, std_floor=0.1) == 0).all()
+
+
+def test_memory_spread_metrics():
+    group = _group(["Kroumia", "x"])
+    batch = TrajectoryBatch(groups=[group], policy_version=0)
+    scores = MemoryScoreBatch(scores=[MemoryScore(group=0, episode=e, turn=t, answer_ids=np.zeros(1, I32),
+                                                  full_logp=np.zeros(1, np.float32), mem_logp=np.zeros(1, np.float32),
+                                                  full_keep=np.ones(1, bool), mem_keep=np.ones(1, bool), r_mem=v)
+                                      for (e, t, v) in [(0, 1, 0.01), (1, 1, -0.01), (0, 2, 0.0), (1, 2, 0.0)]],
+                              policy_version=0, tau=-0.69, filter_mode="independent")
+    plain = compute_advantages(batch, scores, AlgorithmConfig())
+    floored = compute_advantages(batch, scores, AlgorithmConfig(mem_std_floor=0.1))
+    std = np.std([0.01, -0.01, 0.0, 0.0], ddof=1)
+    for adv in (plain, floored):
+        assert adv.metrics["mem_pool_std_mean"] == pytest.approx(std) == adv.metrics["mem_pool_std_max"]
+    assert plain.metrics["mem_adv_abs_mean"] == pytest.approx(0.5 * 0.01 / std, rel=1e-3)  # noise at unit scale
+    assert floored.metrics["mem_adv_abs_mean"] == pytest.approx(0.5 * 0.01 / 0.1, rel=1e-4)
+
+
 @pytest.mark.parametrize("values", [[1, 1, 1], [0.0], [], [0.3, 0.3]])
 def test_degenerate_groups_give_zero_not_nan(values):
     a = normalize(values, 1e-6)
@@ -128,3 +155,19 @@ def test_share_of_groups_with_reward_variance():
     adv = compute_advantages(batch, None, AlgorithmConfig())
     assert adv.metrics["groups_with_variance"] == 1 / 3  # only the first group has a correct and a wrong episode
     assert all(adv.a_out[(g, e)] == 0.0 for g in (1, 2) for e in (0, 1))
+
+
+def test_a_steps_memory_spread_weights_each_batch_by_its_pools_and_blocks():
+    from services.learner.service import memory_spread
+
+    batches = [{"mem_pools": 1.0, "mem_pool_std_mean": 0.1, "mem_pool_std_max": 0.1, "mem_blocks": 8.0,
+                "mem_adv_abs_mean": 1.0},
+               {"mem_pools": 3.0, "mem_pool_std_mean": 0.5, "mem_pool_std_max": 0.9, "mem_blocks": 24.0,
+                "mem_adv_abs_mean": 0.5},
+               {"mem_pools": 0.0, "mem_pool_std_mean": 0.0, "mem_pool_std_max": 0.0, "mem_blocks": 0.0,
+                "mem_adv_abs_mean": 0.0}]  # a batch without memory scores
+    out = memory_spread(batches)
+    assert out["mem_pool_std_mean"] == pytest.approx((0.1 + 3 * 0.5) / 4)
+    assert out["mem_pool_std_max"] == 0.9
+    assert out["mem_adv_abs_mean"] == pytest.approx((8 * 1.0 + 24 * 0.5) / 32)
+    assert memory_spread([])["mem_adv_abs_mean"] == 0.0
