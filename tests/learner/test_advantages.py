@@ -42,6 +42,15 @@ def _group(answers, golds=(("Kroumia",),)):
                         episodes=eps)
 
 
+def _scores(blocks):
+    """A MemoryScoreBatch of group 0 with the given (episode, turn, R_mem) blocks."""
+    return MemoryScoreBatch(scores=[MemoryScore(group=0, episode=e, turn=t, answer_ids=np.zeros(1, I32),
+                                                full_logp=np.zeros(1, np.float32), mem_logp=np.zeros(1, np.float32),
+                                                full_keep=np.ones(1, bool), mem_keep=np.ones(1, bool), r_mem=v)
+                                    for (e, t, v) in blocks],
+                            policy_version=0, tau=-0.69, filter_mode="independent")
+
+
 def test_squad_normalisation_and_multi_objective():
     assert normalize_answer("The  Reed College!") == "reed college"
     assert exact_match("the reed college", ["Reed College"]) == 1.0
@@ -78,11 +87,7 @@ def test_std_floor_shrinks_a_pool_of_near_equal_values_and_leaves_a_wide_one():
 def test_memory_spread_metrics():
     group = _group(["Kroumia", "x"])
     batch = TrajectoryBatch(groups=[group], policy_version=0)
-    scores = MemoryScoreBatch(scores=[MemoryScore(group=0, episode=e, turn=t, answer_ids=np.zeros(1, I32),
-                                                  full_logp=np.zeros(1, np.float32), mem_logp=np.zeros(1, np.float32),
-                                                  full_keep=np.ones(1, bool), mem_keep=np.ones(1, bool), r_mem=v)
-                                      for (e, t, v) in [(0, 1, 0.01), (1, 1, -0.01), (0, 2, 0.0), (1, 2, 0.0)]],
-                              policy_version=0, tau=-0.69, filter_mode="independent")
+    scores = _scores([(0, 1, 0.01), (1, 1, -0.01), (0, 2, 0.0), (1, 2, 0.0)])
     plain = compute_advantages(batch, scores, AlgorithmConfig())
     floored = compute_advantages(batch, scores, AlgorithmConfig(mem_std_floor=0.1))
     std = np.std([0.01, -0.01, 0.0, 0.0], ddof=1)
@@ -124,11 +129,7 @@ def test_compute_advantages_end_to_end_hand_values():
 def test_prompt_turn_pooling_and_no_memory_reward():
     group = _group(["Kroumia", "x"])
     batch = TrajectoryBatch(groups=[group], policy_version=0)
-    scores = MemoryScoreBatch(scores=[MemoryScore(group=0, episode=e, turn=t, answer_ids=np.zeros(1, I32),
-                                                  full_logp=np.zeros(1, np.float32), mem_logp=np.zeros(1, np.float32),
-                                                  full_keep=np.ones(1, bool), mem_keep=np.ones(1, bool), r_mem=v)
-                                      for (e, t, v) in [(0, 1, 0.5), (1, 1, -0.5), (0, 2, 0.9), (1, 2, 0.1)]],
-                              policy_version=0, tau=-0.69, filter_mode="independent")
+    scores = _scores([(0, 1, 0.5), (1, 1, -0.5), (0, 2, 0.9), (1, 2, 0.1)])
     per_turn = compute_advantages(batch, scores, AlgorithmConfig(mem_pooling="prompt_turn"))
     a = 0.5 / (math.sqrt(0.5) + 1e-6)  # [0.5, -0.5]: deviation 0.5 over unbiased std sqrt(0.5)
     assert per_turn.a_mem[(0, 0, 1)] == pytest.approx(a, rel=1e-5) and per_turn.a_mem[(0, 1, 2)] == pytest.approx(-a, rel=1e-5)
