@@ -21,7 +21,7 @@ world: $(STAMP)
 	$(PY) -m services.world build $(CONFIG)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests

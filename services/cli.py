@@ -3,7 +3,7 @@
     mempo world build|show|path [CONFIG.yaml] [key=value ...]   build / describe the embedded world
     mempo sft   [CONFIG.yaml] [key=value ...]    SFT cold start from oracle trajectories
     mempo train [CONFIG.yaml] [key=value ...]    MemPO RL (resumes an existing train.run_dir)
-    mempo eval  [CONFIG.yaml] [key=value ...] [--policy NAME=DIR ...] [--report]
+    mempo eval  [CONFIG.yaml] [key=value ...] [--policy NAME=DIR ...] [--pair A:B ...] [--report]
                                                  held-out EM/F1/turns/TT/PT/R_mem per k, side by side
     mempo compare [CONFIG.yaml] [key=value ...]  MemPO vs MEM1-like vs Search-R1-like from one SFT start
     mempo serve [CONFIG.yaml] [key=value ...] [--apps search,scorer,...]   deploy services only
@@ -130,14 +130,18 @@ def _eval(argv: list[str]) -> int:
     p.add_argument("--policy", action="append", default=[], metavar="NAME=DIR",
                    help="a Hugging Face policy directory to evaluate (repeatable); default: "
                         "sft=<run_dir>/sft/model and rl=<run_dir>/policy where they exist")
+    p.add_argument("--pair", action="append", default=[], metavar="A:B[,A2:B2...]",
+                   help="also print EM(B) - EM(A) on the same prompts with its paired-bootstrap CI (repeatable); "
+                        "comma-separated pairs are one comparison made several times (e.g. one pair per seed) "
+                        "and also get their mean")
     p.add_argument("--report", action="store_true",
-                   help="also write <run_dir>/report.md, eval.json and curves.png (from metrics.jsonl)")
+                   help="also write <run_dir>/report.md, eval.json, episodes.jsonl and curves.png (from metrics.jsonl)")
     a = p.parse_args(argv)
     cfg = _load(a.args)
     _setup_logging()
     from services.pipeline.eval_cli import run_eval
 
-    return run_eval(cfg, a.policy, a.report)
+    return run_eval(cfg, a.policy, a.report, a.pair)
 
 
 def _compare(argv: list[str]) -> int:

@@ -32,19 +32,37 @@ def parse_policies(specs: list[str]) -> dict[str, str]:
     return out
 
 
-def run_eval(cfg: MempoConfig, specs: list[str], report: bool) -> int:
-    """Evaluate each policy on the same held-out prompts; with ``report``, also with search disabled
-    (the no-retrieval control) and write report.md, eval.json, samples.md and curves.png."""
+def parse_pairs(specs: list[str], policies: dict[str, str]) -> list[list[tuple[str, str]]]:
+    """``A:B[,A2:B2...]`` specs (EM of B against A; a comma-separated group is one comparison made
+    several times, e.g. once per seed) naming evaluated policies."""
+    out = []
+    for spec in specs:
+        group = []
+        for one in spec.split(","):
+            a, sep, b = one.strip().partition(":")
+            if not sep or a not in policies or b not in policies or a == b:
+                raise ValueError(f"--pair {spec!r}: expected A:B[,A2:B2 ...] with two different policies among "
+                                 f"{', '.join(policies)}")
+            group.append((a, b))
+        out.append(group)
+    return out
+
+
+def run_eval(cfg: MempoConfig, specs: list[str], report: bool, pair_specs: list[str] = ()) -> int:
+    """Evaluate each policy on the same held-out prompts and print the paired differences asked for;
+    with ``report``, also with search disabled (the no-retrieval control) and write report.md,
+    eval.json, episodes.jsonl, samples.md and curves.png."""
     from tqdm import tqdm
 
     from services.pipeline.apps import Pipeline
     from services.pipeline.evaluate import eval_prompts, run_eval as run_pass
-    from services.pipeline.report import diagnostics_table, markdown_table, write_report
+    from services.pipeline.report import diagnostics_table, markdown_table, pairs_table, write_report
     from services.world.build import prepare_world
 
     policies = parse_policies(specs or default_policies(cfg))
     if not policies:
         raise FileNotFoundError(f"nothing to evaluate: no --policy given and no sft/rl policy in {cfg.train.run_dir}")
+    pairs = parse_pairs(list(pair_specs), policies)
     cfg = prepare_world(cfg).model_copy(deep=True)
     cfg.model.path = next(iter(policies.values()))  # the engines start on the first policy's weights
     prompts = eval_prompts(cfg, cfg.eval.questions_per_k)
@@ -59,8 +77,10 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool) -> int:
     results = {name: run.table() for name, run in runs.items()}
     print(markdown_table(results), flush=True)
     print(diagnostics_table(results, controls), flush=True)
+    if pairs:
+        print(pairs_table(runs, pairs), flush=True)
     if report:
-        paths = write_report(cfg.train.run_dir, results, runs=runs, controls=controls)
+        paths = write_report(cfg.train.run_dir, results, runs=runs, controls=controls, pairs=pairs)
         print("report: " + ", ".join(str(p) for p in paths.values()), flush=True)
     pipe.shutdown()
     return 0

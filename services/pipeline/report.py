@@ -60,21 +60,46 @@ def diagnostics_table(results: dict[str, dict[int, dict]], controls: dict[str, d
     return "\n".join(lines)
 
 
+def _paired_rows(label: str, pairs: list) -> list[str]:
+    """Rows of EM(after) - EM(before) per k and pooled over k, for (before, after) EvalRuns of the same
+    prompts; with several pairs, each prompt's differences are averaged over the pairs first (so the
+    bootstrap still resamples prompts, and a prompt counts once)."""
+    ks = sorted(set.intersection(*(set(b.episodes) & set(a.episodes) for b, a in pairs)))
+    out = []
+    for k in ks + ["all"]:
+        def em(run):
+            return np.concatenate([run.em(j) for j in ks]) if k == "all" else run.em(k)
+        before = np.mean([em(b) for b, _ in pairs], axis=0)
+        after = np.mean([em(a) for _, a in pairs], axis=0)
+        d, lo, hi = paired_bootstrap_diff(before, after)
+        out.append(f"| {label} | {k} | {d:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {len(before)} |")
+    return out
+
+
 def delta_table(runs: dict) -> str:
     """EM of every policy against the first one (its start), per k and pooled over k: the mean
     per-prompt difference with its 95% paired-bootstrap CI (services/pipeline/stats.py)."""
     names = list(runs)
     if len(names) < 2:
         return ""
-    base = runs[names[0]]
     lines = [f"| policy | k | EM - EM({names[0]}) | 95% CI | prompts |", "|---|---|---|---|---|"]
     for name in names[1:]:
-        ks = sorted(set(base.episodes) & set(runs[name].episodes))
-        for k in ks + ["all"]:
-            before = np.concatenate([base.em(j) for j in ks]) if k == "all" else base.em(k)
-            after = np.concatenate([runs[name].em(j) for j in ks]) if k == "all" else runs[name].em(k)
-            d, lo, hi = paired_bootstrap_diff(before, after)
-            lines.append(f"| {name} | {k} | {d:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {len(before)} |")
+        lines += _paired_rows(name, [(runs[names[0]], runs[name])])
+    return "\n".join(lines)
+
+
+def pairs_table(runs: dict, comparisons: list[list[tuple[str, str]]]) -> str:
+    """EM(B) - EM(A) for each named pair (A, B) on the same prompts. A comparison of several pairs
+    (the same two variants trained with different seeds) also gets their mean: each prompt's
+    differences averaged over the pairs, bootstrapped over prompts. That CI is over prompts only; it
+    does not cover how far another seed would move the result."""
+    lines = ["| pair | k | EM(B) - EM(A) | 95% CI | prompts |", "|---|---|---|---|---|"]
+    for pairs in comparisons:
+        for a, b in pairs:
+            lines += _paired_rows(f"{b} - {a}", [(runs[a], runs[b])])
+        if len(pairs) > 1:
+            label = " / ".join(f"{b} - {a}" for a, b in pairs)
+            lines += _paired_rows(f"mean of {label}", [(runs[a], runs[b]) for a, b in pairs])
     return "\n".join(lines)
 
 
@@ -144,8 +169,10 @@ def draw_panels(panels: list, out: Path, rows: int = 1, figsize=(15, 4.2)) -> Pa
 
 
 def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes: str = "", runs: dict | None = None,
-                 controls: dict[str, dict[int, dict]] | None = None) -> dict[str, Path]:
-    """report.md (+ eval.json, curves.png, and samples.md when ``runs`` holds the EvalRuns)."""
+                 controls: dict[str, dict[int, dict]] | None = None,
+                 pairs: list[list[tuple[str, str]]] | None = None) -> dict[str, Path]:
+    """report.md (+ eval.json, curves.png, and, when ``runs`` holds the EvalRuns, samples.md and
+    episodes.jsonl: one row per policy and prompt, for paired comparisons made later)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = {"eval": run_dir / "eval.json", "report": run_dir / "report.md"}
@@ -158,6 +185,8 @@ def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes
     if runs and len(runs) > 1:
         text += ["## Change in EM against the starting policy (paired bootstrap over prompts)", "",
                  delta_table(runs), ""]
+    if runs and pairs:
+        text += ["## Paired differences between policies", "", pairs_table(runs, pairs), ""]
     if any("well_formed" in row for t in results.values() for row in t.values()):
         text += ["## What the agent did", "", diagnostics_table(results, controls or {}), ""]
     if curves is not None:
@@ -166,6 +195,10 @@ def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes
     if runs:
         paths["samples"] = run_dir / "samples.md"
         paths["samples"].write_text(samples_markdown(runs))
+        paths["episodes"] = run_dir / "episodes.jsonl"
+        paths["episodes"].write_text("".join(
+            json.dumps({"policy": name, "k": k, "uid": r["uid"], "em": r["em"], "f1": r["f1"]}) + "\n"
+            for name, run in runs.items() for k in sorted(run.episodes) for r in run.episodes[k]))
         text += ["Decoded episodes with per-block memory rewards: [samples.md](samples.md)", ""]
     if notes:
         text += [notes, ""]

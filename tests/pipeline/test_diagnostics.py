@@ -1,5 +1,6 @@
 """Eval diagnostics on hand-made episodes, and the bootstrap CIs on cases with known answers."""
 
+import json
 import math
 
 import numpy as np
@@ -114,3 +115,26 @@ def test_report_pairs_policies_and_writes_samples(tmp_path):
     assert "| sft | 1 | 0.200 [" in text and "| sft | 1 | 1.000 | 1.000 | 1.000 | 1.000 | 0.000 [0.000, 0.000] |" in text
     samples = paths["samples"].read_text()
     assert "## rl, k=1, test-0: EM 1.00" in samples and "R_mem +0.100" in samples and "<answer> Kalton </answer>" in samples
+    rows = [json.loads(line) for line in paths["episodes"].read_text().splitlines()]
+    assert len(rows) == 200 and rows[0] == {"policy": "sft", "k": 1, "uid": "test-0", "em": 0.0, "f1": 0.0}
+
+
+def test_pairs_table_differences_named_pairs_and_their_mean_per_prompt():
+    from services.pipeline.eval_cli import parse_pairs
+    from services.pipeline.evaluate import EvalRun
+    from services.pipeline.report import pairs_table
+
+    def run(ems):
+        r = EvalRun()
+        r.episodes[1] = [{"uid": f"p{i}", "em": em} for i, em in enumerate(ems)]
+        return r
+
+    runs = {"a0": run([0.0] * 10), "b0": run([1.0] * 4 + [0.0] * 6),  # seed 0: B wins 4 prompts of 10
+            "a1": run([1.0] * 2 + [0.0] * 8), "b1": run([0.0] * 10)}  # seed 1: B loses 2
+    text = pairs_table(runs, parse_pairs(["a0:b0,a1:b1", "a0:a1"], runs))
+    assert "| b0 - a0 | 1 | +0.400 |" in text and "| b1 - a1 | all | -0.200 |" in text
+    assert "| mean of b0 - a0 / b1 - a1 | all | +0.100 |" in text  # per prompt, averaged over the 2 seeds
+    assert "| a1 - a0 | all | +0.200 |" in text and text.count("| mean of") == 2  # k=1 and pooled; none for a lone pair
+    for bad in (["a0-b0"], ["a0:zz"], ["a0:a0"], ["a0:b0,"]):
+        with pytest.raises(ValueError, match="--pair"):
+            parse_pairs(bad, runs)
