@@ -134,11 +134,11 @@ class LearnerWorker:
             if ref is not None:
                 kl = aggregate(kl_penalty(lp, ref[i], lc.kl_type), mask, lc.loss_agg, tokens, rows)
                 loss = loss + lc.kl_coef * kl
-                sums["kl"] += float(kl)
+                sums["kl"] += float(kl.detach())
             (loss * self.world).backward()  # FSDP averages gradients over ranks; our parts already sum
             n = float(mask.sum())
             diff = (old - mb.rollout_logprobs).abs() * mask
-            sums["pg_loss"] += float(pg)
+            sums["pg_loss"] += float(pg.detach())
             sums["entropy"] += float((ent.cpu() * mask).sum())
             sums["abs_diff"] += float(diff.sum())
             sums["max_abs_diff"] = max(sums["max_abs_diff"], float(diff.max()) if n else 0.0)
