@@ -10,6 +10,7 @@ import json
 import threading
 import time
 
+import httpx
 import pytest
 import ray
 from ray import serve
@@ -76,24 +77,32 @@ def _replica_actors(app: str) -> list[str]:
             if a["name"].startswith(f"SERVE_REPLICA::{app}#")]
 
 
-def test_resume_and_a_rollout_replica_killed_mid_step_still_trains_on_the_full_batch(run):
+def test_resume_and_a_rollout_replica_killed_mid_step_still_trains_on_the_full_batch(run, serve_http):
     cfg, out, run_dir = run
     cfg3 = cfg.model_copy(deep=True)
     cfg3.train.steps = 3
     app = f"{PREFIX}rollout"
     killed = {}
 
+    def searches() -> int:
+        return httpx.get(f"{serve_http}/{PREFIX}search/health", timeout=10).json()["requests"]
+
     def kill_when_rollout_runs():
-        # step 3 starts after the redeploy (a no-op: only driver fields changed); wait for calls in flight
+        # step 3 starts after the redeploy (a no-op: only driver fields changed); its rollout calls are all
+        # in flight once its agents make their first search (a fixed delay was too early or too late on a
+        # loaded CI machine, and the kill missed the calls)
         deadline = time.time() + 300
-        while time.time() < deadline and not killed:
+        while time.time() < deadline:
             rows = read_rows(run_dir / "metrics.jsonl", "train")
             if rows and rows[-1]["step"] == 2 and (run_dir / "pipeline.yaml").stat().st_mtime > started:
-                time.sleep(1.5)
-                victim = _replica_actors(app)[0]
-                ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-                killed["name"] = victim
-            time.sleep(0.2)
+                break
+            time.sleep(0.05)
+        before = searches()
+        while time.time() < deadline and searches() == before:
+            time.sleep(0.02)
+        victim = _replica_actors(app)[0]
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        killed["name"] = victim
 
     replicas_before = set(_replica_actors(app))
     started = time.time()
