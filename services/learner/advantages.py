@@ -52,7 +52,7 @@ def normalize(values, eps: float, std_floor: float = 0.0) -> np.ndarray:
     A floor keeps a set whose values barely differ (noise) from being blown up to unit scale."""
     v = np.asarray(values, dtype=np.float64)
     std = spread(v)
-    if v.size < 2 or not np.isfinite(std) or std == 0.0:
+    if not np.isfinite(std) or std == 0.0:  # also a single value: spread() is 0 for it
         return np.zeros(v.shape, np.float32)
     return ((v - v.mean()) / (max(std, std_floor) + eps)).astype(np.float32)
 
