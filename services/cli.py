@@ -61,6 +61,8 @@ def _index(argv: list[str]) -> int:
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand's parser: a config file and overrides, options anywhere among them (parse it with
+    ``parse_intermixed_args``, so ``mempo serve --apps scorer CONFIG model.path=DIR`` works)."""
     p = argparse.ArgumentParser(prog=f"mempo {prog}", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="CONFIG.yaml defaults to deploy/configs/tiny.yaml; every field and its "
@@ -94,7 +96,7 @@ def _sft(argv: list[str]) -> int:
     p = _parser("sft", "SFT cold start: train the policy on the oracle's finished trajectories (turn "
                        "contexts as the agent sees them) and export <train.run_dir>/sft/model.")
     p.add_argument("--force", action="store_true", help="train again even if <run_dir>/sft/model exists")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)
     cfg = _load(a.args)
     _setup_logging()
     from services.pipeline.sft import run_sft, sft_dir
@@ -109,7 +111,7 @@ def _sft(argv: list[str]) -> int:
 def _train(argv: list[str]) -> int:
     p = _parser("train", "MemPO RL: rollout -> scorer -> learner -> publish, on Ray Serve. Starts from the SFT "
                          "policy (train.init_from_sft); resumes an existing train.run_dir; Ctrl-C checkpoints.")
-    cfg = _load(p.parse_args(argv).args)
+    cfg = _load(p.parse_intermixed_args(argv).args)
     _setup_logging()
     from services.common.calls import CallError
     from services.pipeline.train import train
@@ -136,7 +138,7 @@ def _eval(argv: list[str]) -> int:
                         "and also get their mean")
     p.add_argument("--report", action="store_true",
                    help="also write <run_dir>/report.md, eval.json, episodes.jsonl and curves.png (from metrics.jsonl)")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)
     cfg = _load(a.args)
     _setup_logging()
     from services.pipeline.eval_cli import run_eval
@@ -149,7 +151,7 @@ def _compare(argv: list[str]) -> int:
                            "(no memory reward) and Search-R1-like (full history) for the same steps, then one "
                            "held-out table and plot in <train.run_dir>/compare/.")
     p.add_argument("--variants", default="", help="comma-separated subset of mempo,mem1,search_r1 (default: all)")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)
     _setup_logging()
     from services.pipeline.compare import compare
 
@@ -167,7 +169,7 @@ def _serve(argv: list[str]) -> int:
                          "REST endpoint (POST /scorer/score) and Search-R1's POST /retrieve.")
     p.add_argument("--apps", default="search,rollout,scorer",
                    help="comma-separated services to deploy, of search, rollout, scorer, learner")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)
     cfg = _load(a.args)
     _setup_logging()
     from services.pipeline.apps import SERVICES, Pipeline, route_prefix
@@ -225,7 +227,7 @@ def _plan(argv: list[str]) -> int:
     p.add_argument("--check", action="store_true",
                    help="with --serve-config/--kuberay: do not write; fail if the file differs from what this "
                         "config generates (and, for the manifest, if its pods cannot hold the plan)")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)
     cfg = _load(a.args)
     import yaml
 

@@ -81,3 +81,16 @@ def test_eval_rejects_a_policy_that_is_not_a_model_directory(tmp_path, capsys):
     assert "not a Hugging Face model directory" in capsys.readouterr().err
     assert main(["eval", f"train.run_dir={tmp_path}"]) == 2
     assert "nothing to evaluate" in capsys.readouterr().err
+
+
+def test_options_and_overrides_in_any_order(capsys):
+    # options before, between and after the config and its overrides, as each usage line promises
+    for argv in (["plan", "--node", "CPU=64", "deploy/configs/tiny.yaml", "rollout.replicas=2"],
+                 ["plan", "deploy/configs/tiny.yaml", "--node", "CPU=64", "rollout.replicas=2"],
+                 ["plan", "deploy/configs/tiny.yaml", "rollout.replicas=2", "--node", "CPU=64"]):
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        assert "with rollout.replicas=2" in out and "the 1 given node(s)" in out, (argv, out)
+    # a bad override after an option is still caught (not taken for the option's value)
+    assert main(["serve", "--apps", "scorer", "deploy/configs/tiny.yaml", "train.stepz=3"]) == 2
+    assert "did you mean 'train.steps'" in capsys.readouterr().err

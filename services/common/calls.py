@@ -11,9 +11,10 @@ payload order; nothing is decoded here. ``before_retry()``, if given, runs befor
 ``on_result(i, ref)``, if given, runs once per call as its result lands (the pipeline starts scoring a
 rollout call's result there, before the other calls finish). ``started`` maps payload indices to refs
 already launched elsewhere; those are awaited (and relaunched on failure) instead of launched again.
-``timeout_s`` (> 0) bounds each attempt: a call that has not finished by then (its replica's node lost
-with no room for a replacement, say) counts as failed, so the step ends in a CallError naming it
-instead of waiting forever. ``stats["failed_s"]`` sums the seconds failed attempts took to fail.
+``timeout_s`` (> 0) bounds each attempt once a replica has taken it: a call that has not finished by then
+counts as failed, so the step ends in a CallError naming it instead of waiting forever. How long a launch
+waits for a replica to take the call is ``launch``'s business (``serve_ref`` with a ReplicaWatch: a
+replacement that is starting is waited for, one that cannot be placed fails at once). ``stats["failed_s"]`` sums the seconds failed attempts took to fail.
 """
 
 from __future__ import annotations
@@ -42,10 +43,15 @@ def require_version(held: int, min_version: int, replica: str) -> None:
         raise StaleReplica(f"replica {replica} holds policy version {held}, the call needs >= {min_version}")
 
 
-def serve_ref(response, timeout_s: float) -> "ray.ObjectRef":
-    """The ObjectRef of a Serve handle call, owned by this process (so the result outlives the replica),
-    waiting at most ``timeout_s`` (0 = no limit) for a replica to take the call."""
-    return response._to_object_ref_sync(_timeout_s=timeout_s or None)
+def serve_ref(call: Callable[[], object], timeout_s: float, watch=None, what: str = "the call") -> "ray.ObjectRef":
+    """The ObjectRef of the Serve handle call ``call()`` makes, owned by this process (so the result
+    outlives the replica). With a ``watch`` (services/common/replicas.py) it waits while a replica is
+    worth waiting for: busy ones up to ``timeout_s``, a replacement Serve is starting up to the watch's
+    start-up limit, nothing when no replica runs, starts or fits a live node (NoReplica). Without one,
+    at most ``timeout_s`` (0 = no limit)."""
+    if watch is not None:
+        return watch.assign(call, what)
+    return call()._to_object_ref_sync(_timeout_s=timeout_s or None)
 
 
 def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retries: int, what: str,
@@ -62,9 +68,8 @@ def call_all(launch: Callable[[object], "ray.ObjectRef"], payloads: list, retrie
         stats["calls"] += 1
         try:
             return launch(payloads[i])
-        except Exception as e:  # e.g. no replica took the call within the timeout
-            within = f" within {timeout_s:g}s (ray.call_timeout_s)" if isinstance(e, TimeoutError) else ""
-            raise CallError(f"{what} call {i} could not be sent to a replica{within}: {type(e).__name__}: {e} "
+        except Exception as e:  # no replica can take it (NoReplica), or none did within its limit
+            raise CallError(f"{what} call {i} could not be sent to a replica: {type(e).__name__}: {e} "
                             f"(were its replicas' nodes lost with no room left for a replacement? `mempo plan "
                             f"CONFIG ray.address=...` checks the live cluster)") from e
 

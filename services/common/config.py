@@ -257,7 +257,8 @@ class RayConfig(_Section):
     http_host: str = Field("127.0.0.1", description="Serve HTTP host.")
     http_port: int = Field(8000, ge=1, le=65535, description="Serve HTTP port.")
     proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = Field("EveryNode", description="Where Serve runs its HTTP proxies: every node with a replica (clients may hit any node), the head only, or none (in-cluster handles only). Several nodes on one machine share an address, so only HeadOnly can hold the port there.")
-    replica_wait_s: float = Field(300.0, gt=0, description="How long a retried call waits for Serve to replace a deployment's only replica before the step fails.")
+    replica_wait_s: float = Field(0.0, ge=0, description="How long a call waits for a replacement replica that Serve is starting and that fits a live node (a lost node's replica re-placed on a survivor) before the step fails; 0 = 600 s plus 60 s per GiB of the model's weights (a cold vLLM start on a loaded machine). A replacement that fits no live node fails the call at once.")
+    autoscaler: bool = Field(False, description="The cluster adds nodes on demand (KubeRay, the cluster launcher): a replacement replica that fits no live node is waited for, up to ray.replica_wait_s, instead of failing the call at once.")
     call_timeout_s: float = Field(1800.0, ge=0, description="Longest one training call (a rollout call, a scoring call, the learner's wait for their results) may take before the step fails with an error naming it (a node lost with no replacement, an object no copy of which survived); 0 = no limit.")
     app_prefix: str = Field("", description="Prefix of the pipeline's Serve application names (search, rollout, scorer, learner), so two pipelines can share a cluster; a non-empty prefix also sets rollout.search_app and learner.publish_to to match.")
 

@@ -6,7 +6,8 @@
 
 Unlike rollout and scoring, a learner call is not retried: the learner is one stateful replica, and a
 step that failed after its update must not be applied twice. The refs are passed inside lists, so
-they reach the learner as refs and it reads the bytes from the object store itself.
+they reach the learner as refs and it reads the bytes from the object store itself. Each call waits
+for the learner's replica to take it while one is running or starting (services/common/replicas.py).
 """
 
 from __future__ import annotations
@@ -17,24 +18,31 @@ import ray
 class LearnerDriver:
     def __init__(self, handle):
         self.handle = handle
+        self.watch = None  # set by the Pipeline: a ReplicaWatch, so a call waits for a starting replacement
+
+    def _call(self, method: str, *args):
+        if self.watch is None:
+            return getattr(self.handle, method).remote(*args).result()
+        return ray.get(self.watch.assign(lambda: getattr(self.handle, method).remote(*args),
+                                         f"the learner's {method} call"))
 
     def step(self, traj_refs: list["ray.ObjectRef"], score_refs: list["ray.ObjectRef"] | None = None,
              max_staleness: int = 0) -> dict:
         """One policy update on these rollouts (and memory scores); metrics of the step. Turns sampled
         more than ``max_staleness`` versions before the learner's are dropped (and counted)."""
-        return self.handle.step.remote(list(traj_refs), list(score_refs or []), max_staleness).result()
+        return self._call("step", list(traj_refs), list(score_refs or []), max_staleness)
 
     def save(self) -> str:
         """A complete checkpoint of the current step; its directory."""
-        return self.handle.save.remote().result()
+        return self._call("save")
 
     def export(self, out_dir: str) -> str:
         """The current policy as a Hugging Face directory."""
-        return self.handle.export.remote(out_dir).result()
+        return self._call("export", out_dir)
 
     def publish(self) -> dict:
         """Send the current policy to every rollout and scorer replica again."""
-        return self.handle.publish.remote().result()
+        return self._call("publish")
 
     def info(self) -> dict:
-        return self.handle.info.remote().result()
+        return self._call("info")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.config import MempoConfig
@@ -113,6 +113,7 @@ class Pipeline:
     learner: Any = None  # LearnerDriver
     version: int | None = None  # the policy version the training loop last synced
     republished: int = 0  # publishes to bring replaced (or new) replicas up to date, since start
+    watches: dict = field(default_factory=dict)  # service -> ReplicaWatch: why a call waits, for how long
 
     @classmethod
     def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = SERVICES) -> "Pipeline":
@@ -143,45 +144,57 @@ class Pipeline:
                 pipe.scorer = ScorerDriver(handle, cfg)
             else:
                 pipe.learner = LearnerDriver(handle)
-        for driver in (pipe.rollout, pipe.scorer):
+        for service, driver in (("rollout", pipe.rollout), ("scorer", pipe.scorer), ("learner", pipe.learner)):
             if driver is not None:
-                driver.before_retry = pipe.resync
+                driver.watch = pipe.watches[service] = replica_watch(cfg, service)
+                if service != "learner":
+                    driver.before_retry = pipe.resync
         return pipe
 
     def resync(self) -> None:
         """Before a retried call: a replica Serve started in place of a dead one holds ``model.path``;
         bring it to the learner's current policy (with rollout ahead of the learner, newer than the last
-        ``sync_weights``; without a learner, that sync's, and a no-op before the first), waiting up to
-        ``ray.replica_wait_s`` for a replacement when a deployment has no replica at all."""
-        from ray.serve.exceptions import DeploymentUnavailableError
-
+        ``sync_weights``; without a learner, that sync's, and a no-op before the first)."""
         target = self.learner.info()["version"] if self.learner is not None else self.version
-        if target is None:
-            return
-        deadline = time.monotonic() + self.cfg.ray.replica_wait_s
-        while True:  # a deployment whose only replica died has none until Serve's replacement is up
-            try:
-                self.sync_weights(target)
-                return
-            except DeploymentUnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1.0)
+        if target is not None:
+            self.sync_weights(target)
 
     def sync_weights(self, version: int) -> bool:
         """Make every live rollout/scorer replica hold policy ``version`` before it samples: a replica
         Serve started to replace a dead one loads ``model.path``, not the current policy. Returns
         whether the learner had to publish again."""
-        from services.learner.publish import broadcast
-
         self.version = version
         stale = [r for d in (self.rollout, self.scorer) if d is not None
-                 for r in broadcast(d.handle, "info")[0] if r.get("version") != version]
+                 for r in self._replica_info(d) if r.get("version") != version]
         if stale and self.learner is not None:
             log.warning("%d replica(s) behind version %d (replaced?); publishing again", len(stale), version)
             self.learner.publish()
             self.republished += 1
         return bool(stale)
+
+    @staticmethod
+    def _replica_info(driver) -> list[dict]:
+        """``info`` of every live replica of a driver's deployment. One whose every replica died has none
+        until Serve's replacement is up: that is waited for while the driver's ReplicaWatch says one is
+        starting and fits the cluster (up to ``ray.replica_wait_s``), and fails at once when not."""
+        from ray.serve.exceptions import DeploymentUnavailableError
+
+        from services.learner.publish import broadcast
+
+        t0, wait = time.monotonic(), None
+        while True:
+            try:
+                replies = broadcast(driver.handle, "info")[0]
+            except DeploymentUnavailableError:
+                if driver.watch is None:
+                    raise
+                wait = wait or driver.watch.wait(f"the weight sync of {driver.watch.app}")
+                wait.check(t0)
+                time.sleep(1.0)
+                continue
+            if wait is not None:
+                wait.close()
+            return replies
 
     def publish_model(self, model_dir: str, version: int) -> dict:
         """Load a Hugging Face policy directory into every rollout and scorer replica (for eval)."""
@@ -196,6 +209,18 @@ class Pipeline:
         for name in reversed(self.apps):
             serve.delete(name)
         self.apps = []
+
+
+def replica_watch(cfg: MempoConfig, service: str):
+    """The ReplicaWatch of one service's deployment: what one replica asks of a node (services/pipeline/
+    plan.py, the numbers ``mempo plan`` prints) and the config's limits."""
+    from services.common.replicas import ReplicaWatch, start_limit_s
+    from services.pipeline.plan import actors
+
+    replica = next(a for a in actors(cfg, (service,)) if a.what == "replica")
+    return ReplicaWatch(app_name(cfg, service), service, replica.demand(),
+                        start_limit_s(cfg.ray.replica_wait_s, cfg.model.path), cfg.ray.call_timeout_s,
+                        cfg.ray.autoscaler)
 
 
 def scale(cfg: MempoConfig, service: str, replicas: int) -> None:

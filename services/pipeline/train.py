@@ -90,6 +90,7 @@ def train(cfg: MempoConfig) -> dict:
                          rollout_failed_s=pipe.rollout.stats["failed_s"],
                          scorer_failed_s=pipe.scorer.stats["failed_s"],
                          weights_republished=float(pipe.republished),
+                         **{f"{s}_replica_wait_s": w.waited_s for s, w in pipe.watches.items()},
                          nodes_alive=float(sum(n["Alive"] for n in ray.nodes())))
             log.write("train", step, stats)
             bar.update(1)

@@ -28,6 +28,7 @@ class RolloutDriver:
         self.cfg = cfg
         self.stats = {"calls": 0, "retries": 0, "failed_s": 0.0}
         self.before_retry = None  # set by the Pipeline: re-sync replaced replicas to the current policy
+        self.watch = None  # set by the Pipeline: a ReplicaWatch, so a call waits for a starting replacement
 
     def split(self, batch: PromptBatch) -> list[PromptBatch]:
         k = self.cfg.rollout.groups_per_call
@@ -38,6 +39,7 @@ class RolloutDriver:
         result lands (the training loop starts scoring it there)."""
         payloads = [encode(chunk) for chunk in self.split(batch)]
         timeout_s = self.cfg.ray.call_timeout_s
-        return call_all(lambda p: serve_ref(self.handle.rollout.remote(p), timeout_s), payloads,
+        return call_all(lambda p: serve_ref(lambda: self.handle.rollout.remote(p), timeout_s, self.watch, "a rollout call"),
+                        payloads,
                         self.cfg.rollout.call_retries, "rollout", self.stats,
                         self.before_retry, on_result, timeout_s=timeout_s)

@@ -29,6 +29,7 @@ class ScorerDriver:
         self.timeout_s = cfg.ray.call_timeout_s
         self.stats = {"calls": 0, "retries": 0, "failed_s": 0.0}
         self.before_retry = None  # set by the Pipeline: re-sync replaced replicas to the current policy
+        self.watch = None  # set by the Pipeline: a ReplicaWatch, so a call waits for a starting replacement
 
     def start(self, traj_ref: "ray.ObjectRef", min_version: int = -1) -> "ray.ObjectRef | None":
         """Launch the scoring of one TrajectoryBatch ref now; its MemoryScoreBatch ref. A replica
@@ -44,7 +45,8 @@ class ScorerDriver:
             return None
 
     def _launch(self, traj_ref: "ray.ObjectRef", min_version: int) -> "ray.ObjectRef":
-        return serve_ref(self.handle.score.remote(traj_ref, min_version), self.timeout_s)
+        return serve_ref(lambda: self.handle.score.remote(traj_ref, min_version), self.timeout_s, self.watch,
+                         "a scoring call")
 
     def score(self, traj_refs: list["ray.ObjectRef"], started: dict[int, "ray.ObjectRef"] | None = None,
               min_version: int = -1) -> list["ray.ObjectRef"]:

@@ -29,6 +29,7 @@ from ray import serve
 from services.common.config import load_config
 from services.pipeline.runlog import read_rows
 from services.pipeline.train import train
+from tests.pipeline.serve_waits import wait_while_serve_replaces
 
 pytestmark = pytest.mark.slow
 PREFIX = "fault-"
@@ -143,7 +144,8 @@ def test_the_search_replica_killed_mid_step_training_continues_and_serve_restore
     row = _last_train_row(run_dir, 3)
     assert row["episodes"] == PROMPTS * N  # training went on, every group once
     assert 0 <= row["rollout/tool_failures"] <= row["rollout/tool_calls"]  # failed searches are observations
-    restored = _wait_for(lambda: [p for p in _replicas("search") if p != victim], timeout=120, poll=0.5)
+    restored = wait_while_serve_replaces(lambda: [p for p in _replicas("search") if p != victim], f"{PREFIX}search",
+                                         "search")
     hits = _handle("search").search.remote(["capital"], 2).result()
     assert len(hits[0]) == 2  # Serve's replacement answers
     print(f"\n[fault] search replica killed: {row['rollout/tool_failures']:.0f} failed-search observations of "

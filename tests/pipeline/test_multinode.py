@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 PROMPTS, N = 2, 2
 LOSS_PROMPTS = 4  # a longer step for the node-loss runs, so the loss lands inside it
-CALL_TIMEOUT_S = 60  # ray.call_timeout_s and ray.replica_wait_s of these runs
+CALL_TIMEOUT_S = 60  # ray.call_timeout_s of these runs; a replacement replica gets the default start-up limit
 PROBE = """
 import json, sys
 import ray
@@ -192,7 +192,7 @@ def overrides(cluster, grammar_model, tmp_path_factory):
         f"model.path={grammar_model}", "train.init_from_sft=false", f"train.run_dir={run_dir}",
         f"train.prompts_per_step={PROMPTS}", "train.eval_every=100", f"rollout.n={N}", "rollout.max_turns=3",
         "rollout.max_response_tokens=64", "rollout.groups_per_call=1", "rollout.call_retries=6",
-        f"ray.call_timeout_s={CALL_TIMEOUT_S}", f"ray.replica_wait_s={CALL_TIMEOUT_S}",
+        f"ray.call_timeout_s={CALL_TIMEOUT_S}",
         "eval.during_training_per_k=1", "eval.objectives=[1]", "learner.kl_coef=0", "learner.checkpoint_every=100",
         # placement, as a cluster user writes it: each service on the nodes started with its resource
         "search.resources={head_node: 1}", "learner.resources={head_node: 1}",
@@ -281,13 +281,16 @@ def test_a_worker_node_lost_mid_step_the_step_completes_on_a_survivor(cluster, o
     cluster.add("worker-3", 1, {"rollout_node": 1})  # spare capacity for the rollout
     killed = {}
     during = _kill_rollout_node_mid_step(cluster, run_dir, port, 3, killed)
-    _train(cluster, args + [f"train.prompts_per_step={LOSS_PROMPTS}"], 4, "train-2.log", during=during)
+    out = _train(cluster, args + [f"train.prompts_per_step={LOSS_PROMPTS}"], 4, "train-2.log", during=during)
     assert "at" in killed
     rows = read_rows(run_dir / "metrics.jsonl", "train")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     lost = rows[-1]
     assert lost["rollout_retries"] >= 1 and lost["rollout_failed_s"] > 0  # the lost call was sent again
     assert lost["weights_republished"] >= 1  # the replacement replica was brought to the current policy
+    # the retry waited for the replacement's cold start, as long as it took (not ray.call_timeout_s), and said so
+    assert lost["rollout_replica_wait_s"] > 0, lost
+    assert "waiting" in out and "replacement replica(s) starting" in out, out[-6000:]
     assert lost["episodes"] == LOSS_PROMPTS * N  # every prompt group exactly once
     assert lost["prompt_groups"] == lost["prompt_groups_unique"] == LOSS_PROMPTS
     assert lost["nodes_alive"] == 3 and lost["version"] == 4
@@ -309,6 +312,7 @@ def test_with_no_node_left_for_the_rollout_the_step_fails_in_bounded_time_with_a
                  ok=False)
     failed_after = time.time() - killed["at"]
     assert failed_after < 4 * CALL_TIMEOUT_S, failed_after  # bounded by the config's waits, not forever
-    assert "error: rollout call" in out, out[-3000:]  # says which call, and why
+    assert "error: rollout call" in out, out[-3000:]  # says which call, and why:
+    assert "no live node has that many" in out, out[-3000:]  # nothing to wait for, so no start-up limit's wait
     assert "stopped at step 5: checkpoint in" in out, out[-3000:]  # nothing lost: the same command resumes there
     assert [r["step"] for r in read_rows(run_dir / "metrics.jsonl", "train")] == [1, 2, 3, 4, 5]

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from services.common.config import load_config
 from services.pipeline.runlog import read_rows
 from services.pipeline.train import train
+from tests.pipeline.serve_waits import wait_while_serve_replaces
 
 pytestmark = pytest.mark.slow
 PREFIX = "e2e-"
@@ -119,14 +120,12 @@ def test_resume_and_a_rollout_replica_killed_mid_step_still_trains_on_the_full_b
     assert last["episodes"] == PROMPTS * N and last["rollout/episodes"] == PROMPTS * N
     assert last["rollout_retries"] >= 1
     assert last["version"] == 3
-    deadline = time.time() + 120  # Serve replaces the dead replica
-    while len(_replica_actors(app)) < 2 and time.time() < deadline:
-        time.sleep(1)
-    assert len(_replica_actors(app)) == 2
+    # Serve replaces the dead replica: waited for while Serve is starting it, however long that takes
+    wait_while_serve_replaces(lambda: len(_replica_actors(app)) == 2, app, "rollout")
     serve.status()  # the controller still answers
 
 
-def test_ctrl_c_writes_a_checkpoint_and_a_rerun_resumes(run):
+def test_ctrl_c_writes_a_checkpoint_and_a_rerun_resumes(run, serve_http):
     import os
     import signal
 
@@ -141,10 +140,13 @@ def test_ctrl_c_writes_a_checkpoint_and_a_rerun_resumes(run):
         # a main thread blocked in a wait, unlike _thread.interrupt_main, which only sets a flag and was
         # lost once in a loaded full-suite run). The handler is Python's own, as in a `mempo train` shell.
         deadline = time.time() + 900
+        searches = lambda: httpx.get(f"{serve_http}/{PREFIX}search/health", timeout=10).json()["requests"]  # noqa: E731
         while time.time() < deadline:
-            rows = read_rows(run_dir / "metrics.jsonl", "train")
-            if rows and rows[-1]["step"] == 4:
-                time.sleep(1.0)  # step 5 (after step 4's eval) takes several seconds: train() is still running
+            evals = read_rows(run_dir / "metrics.jsonl", "eval")
+            if evals and evals[-1]["step"] == 4:  # step 4 and its eval are done: what searches next is step 5
+                before = searches()
+                while time.time() < deadline and searches() == before:
+                    time.sleep(0.02)  # until step 5's agents are mid-episode: train() is certainly running
                 fired["after_s"] = time.time() - started
                 fired["handler"] = signal.getsignal(signal.SIGINT)
                 os.kill(os.getpid(), signal.SIGINT)

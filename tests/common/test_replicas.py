@@ -1,0 +1,133 @@
+"""ReplicaWatch: a call waits for a replacement Serve is starting (however slow) and fails at once when
+no replica runs, starts, or fits a live node. The verdict by hand, then on a real Serve deployment."""
+
+import os
+import time
+
+import pytest
+
+from services.common.calls import CallError, call_all, serve_ref
+from services.common.replicas import NoReplica, ReplicaWatch, judge, start_limit_s
+
+NODE = {"CPU": 2.0, "rollout_node": 1.0}
+ROLLOUT = {"CPU": 1.0, "rollout_node": 1.0}
+
+
+def test_running_replicas_mean_busy_not_lost():
+    seen = judge({"RUNNING": 1, "STARTING": 1}, "UPSCALING", "", "", ROLLOUT, [], None)
+    assert seen.verdict == "running" and seen.running == 1
+
+
+def test_a_replacement_that_fits_a_live_node_is_waited_for():
+    seen = judge({"STARTING": 1}, "UNHEALTHY", "HEALTH_CHECK_FAILED", "", ROLLOUT, [NODE, {"CPU": 2.0}],
+                 [{"CPU": 2.0}, {"CPU": 2.0}])  # placed: it holds the node's rollout_node, nothing free is needed
+    assert seen.verdict == "starting" and seen.starting == 1
+    assert "needs CPU 1, rollout_node 1" in seen.why and "HEALTH_CHECK_FAILED" in seen.why
+
+
+def test_a_replacement_no_live_node_can_hold_is_lost_at_once():
+    seen = judge({"STARTING": 1}, "UPDATING", "", "", ROLLOUT, [{"CPU": 2.0}, {"CPU": 1.0}], None)
+    assert seen.verdict == "lost" and "no live node has that many (2 live node(s))" in seen.why
+    # a cluster with an autoscaler may add the node it needs
+    assert judge({"STARTING": 1}, "UPDATING", "", "", ROLLOUT, [{"CPU": 2.0}], None, autoscaler=True).verdict == \
+        "starting"
+
+
+def test_an_unscheduled_replacement_with_no_free_room_is_lost():
+    msg = "Deployment 'rollout' ... has 1 replicas that have taken more than 30s to be scheduled."
+    full = [{"CPU": 0.0, "rollout_node": 0.0}]
+    assert judge({"STARTING": 1}, "UPDATING", "", msg, ROLLOUT, [NODE], full).verdict == "lost"
+    assert judge({"STARTING": 1}, "UPDATING", "", msg, ROLLOUT, [NODE], [NODE]).verdict == "starting"
+    assert judge({"STARTING": 1}, "UPDATING", "", "", ROLLOUT, [NODE], full).verdict == "starting"  # placed
+
+
+@pytest.mark.parametrize("states,status,trigger,want", [
+    ({}, "UNHEALTHY", "HEALTH_CHECK_FAILED", "no replica is running or starting"),
+    ({"STARTING": 1}, "UNHEALTHY", "REPLICA_STARTUP_FAILED", "fail to start"),
+    ({"STARTING": 1}, "DEPLOY_FAILED", "", "fail to start"),
+    (None, "", "", "not running"),
+])
+def test_nothing_to_wait_for(states, status, trigger, want):
+    seen = judge(states, status, trigger, "boom", ROLLOUT, [NODE], None)
+    assert seen.verdict == "lost" and want in seen.why
+
+
+def test_start_limit_from_config_or_model_size(tmp_path):
+    assert start_limit_s(42.0, None) == 42.0
+    assert start_limit_s(0.0, None) == 600.0
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * (3 * 2 ** 29))  # 1.5 GiB -> 2 started GiB
+    assert start_limit_s(0.0, str(tmp_path)) == 600.0 + 2 * 60.0
+
+
+# ---- on a real Serve deployment ----
+
+def _deploy(app: str, marker: str, resources: dict | None = None, wait: bool = True):
+    from ray import serve
+
+    @serve.deployment(name="probe", num_replicas=1, health_check_period_s=1,
+                      ray_actor_options={"num_cpus": 0, "resources": resources or {}})
+    class Probe:
+        def __init__(self, marker: str):
+            if os.path.exists(marker):  # the replacement: a slow start, as a cold vLLM engine's
+                time.sleep(float(open(marker).read()))
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    serve.run_many([serve.RunTarget(Probe.bind(marker), name=app, route_prefix=None)],
+                   wait_for_applications_running=wait)
+    return serve.get_deployment_handle("probe", app_name=app)
+
+
+def _replica_states(name: str) -> dict:
+    from ray import serve
+
+    app = serve.status().applications.get(name)
+    return dict(app.deployments["probe"].replica_states) if app and "probe" in app.deployments else {}
+
+
+def test_a_call_waits_for_a_slow_replacement_beyond_the_call_timeout(serve_http, tmp_path):
+    import ray
+    from ray import serve
+
+    marker, APP = str(tmp_path / "slow"), "watch-slow-start"  # an app name of its own: Serve remembers deleted ones
+    handle = _deploy(APP, marker)
+    try:
+        first = handle.pid.remote().result()
+        with open(marker, "w") as f:
+            f.write("6")  # the replacement takes 6 s to start: three times the call timeout below
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a["name"].startswith(f"SERVE_REPLICA::{APP}#")]
+        assert len(names) == 1, names
+        ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+        deadline = time.monotonic() + 60
+        while not any(_replica_states(APP).get(s) for s in ("STARTING", "UPDATING", "RECOVERING")):
+            assert time.monotonic() < deadline, _replica_states(APP)
+            time.sleep(0.1)  # until Serve has seen the loss and is starting the replacement
+        watch = ReplicaWatch(APP, "probe", {}, start_timeout_s=120, call_timeout_s=2, poll_s=0.5)
+        stats = {}
+        refs = call_all(lambda _: serve_ref(lambda: handle.pid.remote(), 2, watch, "a probe call"), [0], retries=2,
+                        what="probe", stats=stats, timeout_s=2)
+        assert ray.get(refs[0]) != first  # served by the replacement
+        assert watch.waits >= 1 and watch.waited_s > 2, (watch.waits, watch.waited_s)  # past the call timeout
+    finally:
+        serve.delete(APP)
+
+
+def test_a_replacement_no_node_can_hold_fails_the_call_at_once(serve_http, tmp_path):
+    from ray import serve
+
+    APP = "watch-no-room"
+    handle = _deploy(APP, str(tmp_path / "none"), resources={"no_such_node": 1}, wait=False)
+    try:
+        watch = ReplicaWatch(APP, "probe", {"no_such_node": 1.0}, start_timeout_s=600, call_timeout_s=600,
+                             poll_s=0.5)
+        t0 = time.monotonic()
+        with pytest.raises(CallError, match="no_such_node 1 and no live node has that many"):
+            call_all(lambda _: serve_ref(lambda: handle.pid.remote(), 600, watch, "a probe call"), [0], retries=2,
+                     what="probe")
+        assert time.monotonic() - t0 < 30  # not the 600 s limits: there is nothing to wait for
+        with pytest.raises(NoReplica):
+            watch.wait("a weight sync").check(time.monotonic())
+    finally:
+        serve.delete(APP)
