@@ -58,11 +58,11 @@ def padded_logprobs(model, contexts: list[list[int]], continuation: list[int]) -
 def naive_padded(model, scorer, batch) -> tuple[list[float], int, list[tuple]]:
     """The reference's scoring: 2 padded sequences per block. Returns (r_mem per block, tokens,
     (full, mem) answer-token log-probs per block), blocks in ``score_trajectories`` order."""
-    from services.scorer.continuation import gold_text
+    from services.scorer.continuation import gold_answers
 
     rewards, tokens, logprobs = [], 0, []
     for group in batch.groups:
-        cont = scorer.continuation(gold_text(group.prompt.golds, scorer.cfg.gold_joiner))
+        cont = scorer.continuation(gold_answers(group.prompt.golds))
         a0, a1 = cont.answer_start, cont.answer_end
         for ep in group.episodes:
             for t in ep.turns:
@@ -154,11 +154,11 @@ def merged_row(a: dict, b: dict) -> dict:
 def unique_tokens(scorer, batch) -> int:
     """The least any scorer must run: per episode its longest scored history, every memory block,
     one answer continuation per block and context, and each group's prompt once."""
-    from services.scorer.continuation import gold_text
+    from services.scorer.continuation import gold_answers
 
     total = 0
     for group in batch.groups:
-        cont = scorer.continuation(gold_text(group.prompt.golds, scorer.cfg.gold_joiner))
+        cont = scorer.continuation(gold_answers(group.prompt.golds))
         blocks = 0
         for ep in group.episodes:
             scored = [t for t in ep.turns if t.mem_start >= 0 and t.turn >= 2]

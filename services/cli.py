@@ -150,7 +150,7 @@ def _compare(argv: list[str]) -> int:
     p = _parser("compare", "The paper's comparison in miniature: from one SFT start, RL with MemPO, MEM1-like "
                            "(no memory reward) and Search-R1-like (full history) for the same steps, then one "
                            "held-out table and plot in <train.run_dir>/compare/.")
-    p.add_argument("--variants", default="", help="comma-separated subset of mempo,mem1,search_r1 (default: all)")
+    p.add_argument("--variants", default="", help="comma-separated variants of mempo,mem1,search_r1,mempo_ref (default: mempo,mem1,search_r1)")
     a = p.parse_intermixed_args(argv)
     _setup_logging()
     from services.pipeline.compare import compare

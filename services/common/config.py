@@ -24,13 +24,25 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from services.common.turn_format import answer_continuation
+
 # The answer continuation appended to both the memory and the full context when scoring a <mem>
-# block (docs/algorithm.md, section 4). ``{gold}`` is replaced by the gold answer(s). The answer sits inline,
-# as the policy writes it (services/common/turn_format.py), so the gold is tokenised as it would be.
-DEFAULT_ANSWER_TEMPLATE = (
+# block (docs/algorithm.md, section 4). ``{gold}`` is replaced by the gold answer(s). The default is the
+# policy's own answering turn, written by services/common/turn_format.py (the oracle's SFT data uses the
+# same code); the reference's sentence, which the policy never writes, stays selectable by name.
+REFERENCE_ANSWER_TEMPLATE = (
     "\n<think>\nI have sufficient information to provide the final answers.\n</think>\n"
     "<answer> {gold} </answer>"
 )
+DEFAULT_ANSWER_TEMPLATE = answer_continuation()
+ANSWER_TEMPLATES = {"policy": DEFAULT_ANSWER_TEMPLATE, "reference": REFERENCE_ANSWER_TEMPLATE}
+
+
+def _answer_template(value: str) -> str:
+    value = ANSWER_TEMPLATES.get(value, value)
+    if value.count("{gold}") != 1:
+        raise ValueError(f"must be {' or '.join(ANSWER_TEMPLATES)}, or a template with {{gold}} exactly once")
+    return value
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a search agent. Answer the user's question(s) by searching a knowledge base. "
@@ -171,8 +183,10 @@ class SearchConfig(_Section):
 
 class ScorerConfig(_Section):
     tau: float = Field(math.log(0.5), description="Keep an answer token if its log-prob exceeds tau (reference: log 0.5).")
-    filter_mode: Literal["independent", "joint", "none"] = Field("independent", description="Token filter: each side its own (reference), both sides must pass, or keep all answer tokens.")
-    answer_template: str = Field(DEFAULT_ANSWER_TEMPLATE, description="Assistant continuation scored after each context; {gold} is the gold answer.")
+    filter_mode: Literal["independent", "joint", "none", "floor"] = Field("none", description="Which answer tokens count (services/scorer/memory_reward.py FILTERS): each side its own above tau (reference), both sides must pass, all of them, or all with log-probs raised to scorer.logp_floor.")
+    average: Literal["geometric", "per_question", "arithmetic"] = Field("per_question", description="How the counted answer tokens become P (memory_reward.py AVERAGES): exp(mean log-prob) over all questions' answers (reference), that per question then averaged over the k questions, or the mean token probability.")
+    logp_floor: float = Field(-5.0, lt=0, description="filter_mode floor: the lowest log-prob one answer token contributes.")
+    answer_template: Annotated[str, AfterValidator(_answer_template)] = Field(DEFAULT_ANSWER_TEMPLATE, description="Assistant continuation scored after each context, {gold} standing for the gold answer; 'policy' (default) = the policy's own answering turn (services/common/turn_format.py), 'reference' = the reference's sentence, which the policy never writes.")
     gold_joiner: str = Field("; ", description="Joins the first gold answer of each question when k > 1.")
     mean_eps: float = Field(1e-8, gt=0, description="Added to the kept-token count in P = exp(sum/count) (reference 1e-8).")
     token_budget: int = Field(2048, ge=64, description="Most tokens in one packed scoring forward; attention with the dense tree mask costs budget^2, so smaller budgets trade repeated trunk tokens for cheaper attention.")

@@ -71,9 +71,18 @@ def join_options(address: str) -> dict[str, Any]:
     return {"address": address, "log_to_driver": False, "configure_logging": False}
 
 
+# Serve kills an HTTP proxy that is not ready within 5 s of its start (RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S),
+# and ``serve.start`` then fails with the proxy's ActorDiedError: on a loaded 2-core machine a proxy's start
+# takes longer (seen in the fault tests under a one-core CPU hog). A node mempo starts gives it a minute.
+PATIENT_SERVE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+
+
 def use_loopback_node() -> None:
-    """Tell Ray (this process and what it starts) that the node's address is loopback, not routable."""
+    """Tell Ray (this process and what it starts) that the node's address is loopback, not routable, and
+    that a slow machine is no reason to kill Serve's HTTP proxy (``PATIENT_SERVE_ENV``, unless set)."""
     os.environ.update(LOOPBACK_ENV)
+    for key, value in PATIENT_SERVE_ENV.items():
+        os.environ.setdefault(key, value)
     if "ray._private.ray_constants" in sys.modules:  # read at import: also set it when ray came first
         sys.modules["ray._private.ray_constants"].ENABLE_RAY_CLUSTER = False
 

@@ -155,6 +155,9 @@ class MemoryScore:
     p_full: float = 0.0
     p_mem: float = 0.0
     r_mem: float = 0.0
+    # 1: the memory's text holds every gold answer the episode's observations had shown; 0: it lost one;
+    # -1: none shown yet (services/scorer/retention.py: a label-free check, never a training signal)
+    retained: int = -1
 
 
 @message

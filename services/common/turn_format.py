@@ -44,6 +44,16 @@ def render_turn(think: str, *, mem: str | None = None, search: str | None = None
     return "\n".join(parts)
 
 
+FINAL_THINK = "I have found everything the question needs."  # the <think> of the answering turn
+
+
+def answer_continuation(answer: str = "{gold}") -> str:
+    """The rest of the policy's answering turn after its ``</mem>`` block, with ``answer`` as the answer:
+    the turn the oracle writes (so the SFT policy's own words) and the continuation the scorer scores
+    after each context (``scorer.answer_template``'s default), from one place so the two cannot drift."""
+    return "\n" + render_turn(FINAL_THINK, answer=answer)
+
+
 def render_information(text: str) -> str:
     """The observation message that follows a search."""
     return block("information", text)

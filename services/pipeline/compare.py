@@ -10,6 +10,8 @@ Three RL runs with the same steps, seed, prompts and budget, each starting from 
     mempo      memory context (the previous turn only) + memory reward      (defaults)
     mem1       memory context, no memory reward (MEM1-like)                 algorithm.use_memory_reward=false
     search_r1  full history, no memory reward (Search-R1-like GRPO)         rollout.memory_window=full + the above
+    mempo_ref  MemPO with the reference's memory reward (only with --variants: scorer.filter_mode=independent,
+               scorer.average=geometric, scorer.answer_template=reference)
 
 Each variant is evaluated on the same held-out prompts (``eval.questions_per_k`` per k, greedy) by
 the pipeline it trained on, so it runs under its own context rule; the SFT start is evaluated once
@@ -29,7 +31,10 @@ VARIANTS: dict[str, list[str]] = {
     "mempo": [],
     "mem1": ["algorithm.use_memory_reward=false"],
     "search_r1": ["rollout.memory_window=full", "algorithm.use_memory_reward=false"],
+    # MemPO with the reference's memory reward (its token filter, one geometric mean, its sentence)
+    "mempo_ref": ["scorer.filter_mode=independent", "scorer.average=geometric", "scorer.answer_template=reference"],
 }
+DEFAULT_VARIANTS = ("mempo", "mem1", "search_r1")  # what `mempo compare` runs without --variants
 
 
 def variant_config(path: str | None, overrides: list[str], name: str, sft: Path) -> MempoConfig:
@@ -46,7 +51,7 @@ def compare(path: str | None, overrides: list[str], variants: list[str] | None =
     from services.pipeline.train import train
     from services.world.build import prepare_world
 
-    names = variants or list(VARIANTS)
+    names = variants or list(DEFAULT_VARIANTS)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")

@@ -137,6 +137,8 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
         ("R_mem (train)", [("scorer/r_mem_mean", train, "mean"),
                            ("mem_pool_std_mean", train, "std within a prompt's pool")]),
         ("P_mem and P_full (train)", [("scorer/p_mem_mean", train, "P_mem"), ("scorer/p_full_mean", train, "P_full")]),
+        ("does R_mem track retention? (train)", [("scorer/retained_share", train, "memories keeping every shown answer"),
+                                                 ("scorer/retention_auc", train, "AUC of R_mem, keeping > losing")]),
         ("peak tokens per turn (train)", [("rollout/peak_tokens_mean", train, "mean"),
                                           ("rollout/peak_tokens_max", train, "max")]),
         ("turns per episode (train)", [("rollout/turns_mean", train, "turns")]),

@@ -1,7 +1,8 @@
 """The answer continuation scored after each context, and where its gold answer tokens are.
 
 The continuation is assistant text from ``scorer.answer_template`` with ``{gold}`` replaced by the
-gold answer (the first gold of each question, joined by ``scorer.gold_joiner`` when k > 1). Its
+gold answer (the first gold of each question, joined by ``scorer.gold_joiner`` when k > 1); each
+question's answer keeps its own token span, so a rule over questions needs no rebuild. Its
 answer tokens are located from exact character -> byte -> token offsets of the tokenised
 continuation, never by assuming how many tokens the closing tags take (the reference's
 ``ans_mask[-(len(core)+4):-4]`` breaks with other tokenizers or when BPE merges across the
@@ -30,27 +31,42 @@ from services.rollout.token_text import TokenText
 class Continuation:
     text: str
     ids: list[int]
-    answer_start: int  # token span of the gold answer in ``ids``
+    answer_start: int  # token span of the gold answer in ``ids`` (all questions' answers and their joiners)
     answer_end: int
+    spans: list[tuple[int, int]] | None = None  # each question's answer, token spans in ``ids`` (None: one)
 
     @property
     def answer_ids(self) -> list[int]:
         return self.ids[self.answer_start:self.answer_end]
 
+    def question_spans(self) -> list[tuple[int, int]]:
+        """Each question's answer as a token span relative to the answer span (``answer_ids``), in order."""
+        spans = self.spans or [(self.answer_start, self.answer_end)]
+        return [(a - self.answer_start, b - self.answer_start) for a, b in spans]
 
-def gold_text(golds: list[list[str]], joiner: str = "; ") -> str:
-    """The scored answer: the first gold answer of each question, joined."""
+
+def gold_answers(golds: list[list[str]]) -> list[str]:
+    """The scored answers: the first gold answer of each question."""
     if not golds or any(not g for g in golds):
         raise ValueError("every question needs at least one gold answer")
-    return joiner.join(str(g[0]) for g in golds)
+    return [str(g[0]) for g in golds]
 
 
-def build_continuation(tokenizer, template: str, gold: str, token_text: TokenText | None = None) -> Continuation:
+def gold_text(golds: list[list[str]], joiner: str = "; ") -> str:
+    """The scored answer as one string: the first gold answer of each question, joined."""
+    return joiner.join(gold_answers(golds))
+
+
+def build_continuation(tokenizer, template: str, gold: str | list[str], token_text: TokenText | None = None,
+                       joiner: str = "; ") -> Continuation:
+    """``template`` with ``{gold}`` replaced by the gold answer; a list of answers (one per question) is
+    joined with ``joiner`` and each keeps its own token span (``Continuation.spans``)."""
     if template.count("{gold}") != 1:
         raise ValueError("scorer.answer_template must contain {gold} exactly once")
-    gold = unicodedata.normalize("NFC", gold)
-    if not gold.strip():
+    parts = [unicodedata.normalize("NFC", g) for g in ([gold] if isinstance(gold, str) else gold)]
+    if not parts or any(not g.strip() for g in parts):
         raise ValueError("the gold answer is empty")
+    gold = joiner.join(parts)
     before, after = template.split("{gold}")
     text, start = before + gold + after, len(before)
     ids = mixed_ids(tokenizer, [(before, True), (gold, False), (after, True)])
@@ -59,4 +75,8 @@ def build_continuation(tokenizer, template: str, gold: str, token_text: TokenTex
     if decoded != text:
         raise ValueError("the tokenizer does not round-trip the continuation text; cannot locate the answer")
     ts, te = tt.token_span(text, ends, start, start + len(gold))
-    return Continuation(text, ids, ts, te)
+    spans, at = [], start
+    for g in parts:  # a token straddling a joiner counts for the answer whose characters it holds
+        spans.append(tt.token_span(text, ends, at, at + len(g)))
+        at += len(g) + len(joiner)
+    return Continuation(text, ids, ts, te, spans)

@@ -29,9 +29,10 @@ from services.common.config import MempoConfig
 from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch
 from services.common.model_io import chat_ids, text_ids
 from services.rollout.token_text import TokenText
-from services.scorer.continuation import Continuation, build_continuation, gold_text
+from services.scorer.continuation import Continuation, build_continuation, gold_answers
 from services.scorer.memory_reward import memory_reward
 from services.scorer.packing import Branch, tree_logprobs
+from services.scorer.retention import retention_labels, retention_metrics
 
 log = logging.getLogger("mempo.scorer")
 
@@ -55,11 +56,14 @@ class MemoryScorer:
         self.cfg = cfg.scorer
         self.tt = TokenText(tokenizer)
 
-    def continuation(self, gold: str) -> Continuation:
-        return build_continuation(self.tokenizer, self.cfg.answer_template, gold, self.tt)
+    def continuation(self, gold: str | list[str]) -> Continuation:
+        """The scored continuation of a gold answer (one per question: each keeps its own span)."""
+        return build_continuation(self.tokenizer, self.cfg.answer_template, gold, self.tt, self.cfg.gold_joiner)
 
-    def reward(self, full_lp: np.ndarray, mem_lp: np.ndarray):
-        return memory_reward(full_lp, mem_lp, self.cfg.tau, self.cfg.filter_mode, self.cfg.mean_eps)
+    def reward(self, full_lp: np.ndarray, mem_lp: np.ndarray, cont: Continuation):
+        c = self.cfg
+        return memory_reward(full_lp, mem_lp, c.tau, c.filter_mode, c.mean_eps, c.average, cont.question_spans(),
+                             c.logp_floor)
 
     def score_trajectories(self, batch: TrajectoryBatch, version: int) -> MemoryScoreBatch:
         t0 = time.perf_counter()
@@ -68,7 +72,7 @@ class MemoryScorer:
         skipped = 0
         for gi, group in enumerate(batch.groups):
             try:
-                cont = self.continuation(gold_text(group.prompt.golds, self.cfg.gold_joiner))
+                cont = self.continuation(gold_answers(group.prompt.golds))
             except ValueError as e:
                 skipped += 1
                 log.warning("group %d skipped: no answer continuation for its gold (%s)", gi, e)
@@ -99,20 +103,22 @@ class MemoryScorer:
                 mems.append(t.response_ids[t.mem_start:t.mem_end].tolist())
             branches = [Branch(len(prompt), m + cont.ids) for m in mems]
             mem_lps = tree_logprobs(self.model, prompt, branches, self.cfg.token_budget, stats)
-            for (ei, ti), m, lp in zip(blocks, mems, mem_lps):
+            retained = retention_labels(self.tt, group, blocks)
+            for (ei, ti), m, lp, kept in zip(blocks, mems, mem_lps, retained):
                 mem = lp[len(m) + a0:len(m) + a1]
-                r = self.reward(full_lp[(ei, ti)], mem)
+                r = self.reward(full_lp[(ei, ti)], mem, cont)
                 scores.append(MemoryScore(group=gi, episode=ei, turn=ti,
                                           answer_ids=np.asarray(cont.answer_ids, np.int32),
                                           full_logp=full_lp[(ei, ti)].astype(np.float32), mem_logp=mem.astype(np.float32),
                                           full_keep=r.full_keep, mem_keep=r.mem_keep,
-                                          p_full=r.p_full, p_mem=r.p_mem, r_mem=r.r_mem))
+                                          p_full=r.p_full, p_mem=r.p_mem, r_mem=r.r_mem, retained=kept))
         n = max(1, len(scores))
         metrics = {"blocks": float(len(scores)), "golds_skipped": float(skipped),
                    "forwards": float(stats.get("forwards", 0)),
                    "model_tokens": float(stats.get("tokens", 0)), "seconds": time.perf_counter() - t0,
                    "p_mem_mean": sum(s.p_mem for s in scores) / n, "p_full_mean": sum(s.p_full for s in scores) / n,
-                   "r_mem_mean": sum(s.r_mem for s in scores) / n}
+                   "r_mem_mean": sum(s.r_mem for s in scores) / n,
+                   **retention_metrics([s.r_mem for s in scores], [s.retained for s in scores])}
         return MemoryScoreBatch(scores=scores, policy_version=version, tau=self.cfg.tau,
                                 filter_mode=self.cfg.filter_mode, step=batch.step, metrics=metrics)
 
@@ -121,10 +127,10 @@ class MemoryScorer:
         mem_lp = tree_logprobs(self.model, mem_context, [Branch(len(mem_context), cont.ids)], self.cfg.token_budget)[0]
         full_lp = tree_logprobs(self.model, full_context, [Branch(len(full_context), cont.ids)], self.cfg.token_budget)[0]
         a0, a1 = cont.answer_start, cont.answer_end
-        r = self.reward(full_lp[a0:a1], mem_lp[a0:a1])
+        r = self.reward(full_lp[a0:a1], mem_lp[a0:a1], cont)
         return {"p_mem": r.p_mem, "p_full": r.p_full, "r_mem": r.r_mem,
                 "mem_logprobs": mem_lp[a0:a1].tolist(), "full_logprobs": full_lp[a0:a1].tolist(),
                 "mem_keep": r.mem_keep.tolist(), "full_keep": r.full_keep.tolist(),
                 "answer_ids": cont.answer_ids,
                 "answer_tokens": [self.tt.token_bytes(i).decode("utf-8", "replace") for i in cont.answer_ids],
-                "tau": self.cfg.tau, "filter_mode": self.cfg.filter_mode}
+                "tau": self.cfg.tau, "filter_mode": self.cfg.filter_mode, "average": self.cfg.average}

@@ -12,7 +12,7 @@ HTTP (FastAPI; request and response schemas at /docs):
                   token form {"mem_context_ids": [int], "full_context_ids": [int],
                               "continuation_ids": [int], "answer_span": [start, end]}
                   -> {"p_mem", "p_full", "r_mem", "mem_logprobs", "full_logprobs", "mem_keep",
-                      "full_keep", "answer_ids", "answer_tokens", "policy_version", "tau", "filter_mode"}
+                      "full_keep", "answer_ids", "answer_tokens", "policy_version", "tau", "filter_mode", "average"}
     GET|HEAD /health
 Over the token budget (``scorer.max_request_tokens``, never more than the model's positions) or
 the body size it implies -> 413; malformed or inconsistent input -> 422 naming the field (400 for
@@ -97,6 +97,7 @@ class ScoreResponse(BaseModel):
     policy_version: int
     tau: float
     filter_mode: str
+    average: str
 
 
 # before the class: @serve.ingress freezes a copy of the app
@@ -165,11 +166,11 @@ class ScorerService:
             self.version = update.version
         return {"version": update.version, "seconds": time.perf_counter() - t0, "replica": self.replica}
 
-    RUNTIME_FIELDS = ("tau", "filter_mode", "mean_eps", "token_budget", "max_request_tokens", "max_queued_requests",
+    RUNTIME_FIELDS = ("tau", "filter_mode", "average", "logp_floor", "mean_eps", "token_budget", "max_request_tokens", "max_queued_requests",
                       "max_concurrent_requests", "queue_timeout_s")
 
     async def reconfigure(self, user_config: dict) -> None:
-        """Serve ``user_config``: change scorer.{tau, filter_mode, mean_eps, token_budget, max_request_tokens,
+        """Serve ``user_config``: change scorer.{tau, filter_mode, average, logp_floor, mean_eps, token_budget, max_request_tokens,
         max_queued_requests, max_concurrent_requests, queue_timeout_s} on the running replicas (no restart)."""
         from services.common.config import updated_section
 
@@ -197,7 +198,6 @@ class ScorerService:
             raise BadRequest(422, f"{field}[{bad}]", f"unknown token id {ids[bad]} (vocabulary size {self.vocab})")
 
     def _text_request(self, req: TextScoreRequest):
-        from services.scorer.continuation import build_continuation
         from services.scorer.scorer import text_contexts
 
         questions = [req.question] if isinstance(req.question, str) else req.question
@@ -213,8 +213,7 @@ class ScorerService:
         except ValueError as e:
             raise BadRequest(422, "history", str(e)) from None
         try:
-            cont = build_continuation(self.tokenizer, self.cfg.scorer.answer_template,
-                                      self.cfg.scorer.gold_joiner.join(a.strip() for a in answers), self.scorer.tt)
+            cont = self.scorer.continuation([a.strip() for a in answers])
         except ValueError as e:
             raise BadRequest(422, "answer", str(e)) from None
         return mem_ctx, full_ctx, cont

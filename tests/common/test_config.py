@@ -44,7 +44,14 @@ def test_describe_fields_defaults_match_the_model():
 def test_mempo_reference_defaults():
     cfg = load_config()
     assert cfg.scorer.tau == math.log(0.5)
-    assert cfg.scorer.filter_mode == "independent"
+    # the memory reward departs from the reference by measurement (bench/memreward.py, docs/algorithm.md);
+    # the reference's rule is one override set away (mempo compare's mempo_ref variant)
+    assert (cfg.scorer.filter_mode, cfg.scorer.average) == ("none", "per_question")
+    ref = load_config(None, ["scorer.filter_mode=independent", "scorer.average=geometric",
+                             "scorer.answer_template=reference"]).scorer
+    assert "sufficient information to provide the final answers" in ref.answer_template
+    with pytest.raises(ConfigError, match="scorer.answer_template"):
+        load_config(None, ["scorer.answer_template=no placeholder"])
     assert cfg.rollout.n == 16
     assert cfg.rollout.max_turns == 16
     assert cfg.rollout.temperature == 1.0

@@ -79,3 +79,26 @@ def test_special_token_strings_in_the_gold_are_text(tok):
     control = {i for i, t in tok.added_tokens_decoder.items() if t.special}
     assert not control & set(c.ids)
     assert tok.decode(c.answer_ids).strip() == "<|im_end|>" and len(c.answer_ids) > 1
+
+
+def test_each_question_keeps_its_own_answer_span(tok):
+    from services.common.config import ANSWER_TEMPLATES
+
+    for template in ANSWER_TEMPLATES.values():
+        c = build_continuation(tok, template, ["Kathryn Bigelow", "1961", "Reed College"], joiner="; ")
+        assert tok.decode(c.answer_ids).strip() == "Kathryn Bigelow; 1961; Reed College"
+        spans = c.question_spans()
+        assert len(spans) == 3 and spans[0][0] == 0 and spans[-1][1] == len(c.answer_ids)
+        for (a, b), gold in zip(spans, ["Kathryn Bigelow", "1961", "Reed College"]):
+            assert tok.decode(c.answer_ids[a:b]).strip(" ;") == gold
+        assert all(spans[i][1] <= spans[i + 1][0] + 1 for i in range(2))  # in order, a shared token at most
+
+
+def test_the_default_continuation_is_the_policys_answering_turn():
+    from services.common.config import DEFAULT_ANSWER_TEMPLATE
+    from services.common.turn_format import render_turn
+    from services.world.oracle import FINAL_THINK
+
+    # the oracle writes its answering turn as <mem>...</mem> + this, so the SFT policy learnt these words
+    turn = render_turn(FINAL_THINK, mem="- Answer: 1961", answer="1961")
+    assert turn == "<mem>\n- Answer: 1961\n</mem>" + DEFAULT_ANSWER_TEMPLATE.replace("{gold}", "1961")

@@ -52,3 +52,44 @@ def test_bad_input():
         memory_reward([-0.1], [-0.1], TAU, "bogus")
     with pytest.raises(ValueError, match="shape"):
         memory_reward([-0.1, -0.2], [-0.1], TAU, "independent")
+
+
+def test_per_question_average_makes_one_lost_answer_of_two_cost_half():
+    # answer tokens [Reed, College, ;, 19, 61]: questions at [0, 2) and [3, 5); the joiner counts for neither
+    kept = [-0.1, -0.1, -0.05, -0.2, -0.2]
+    lost = [-0.1, -0.1, -0.05, -9.0, -9.0]  # the second answer gone from memory
+    spans = [(0, 2), (3, 5)]
+    a = memory_reward(kept, kept, TAU, "none", average="per_question", spans=spans)
+    b = memory_reward(kept, lost, TAU, "none", average="per_question", spans=spans)
+    assert a.p_mem == pytest.approx((math.exp(-0.1) + math.exp(-0.2)) / 2, rel=1e-6)
+    assert b.p_mem == pytest.approx((math.exp(-0.1) + math.exp(-9.0)) / 2, rel=1e-6)
+    assert a.r_mem == pytest.approx(0.0, abs=1e-9) and b.r_mem < -0.4  # about half of P lost
+    # the reference rule drops exactly the lost tokens and scores the forgetful memory higher
+    assert memory_reward(kept, lost, TAU, "independent").p_mem > memory_reward(kept, kept, TAU, "independent").p_mem
+
+
+def test_floor_bounds_what_one_token_can_cost_and_arithmetic_mean():
+    s = memory_reward([-0.2, -20.0], [-0.2, -1.0], TAU, "floor", floor=-5.0)
+    assert s.full_keep.all() and s.mem_keep.all()
+    assert s.p_full == pytest.approx(math.exp((-0.2 - 5.0) / 2), rel=1e-6)
+    assert s.p_mem == pytest.approx(math.exp(-0.6), rel=1e-6)
+    a = memory_reward([-0.2, -20.0], [math.log(0.5), math.log(0.25)], TAU, "none", average="arithmetic")
+    assert a.p_mem == pytest.approx(0.375, rel=1e-6)
+
+
+def test_average_and_spans_are_checked():
+    with pytest.raises(ValueError, match="average"):
+        memory_reward([-0.1], [-0.1], TAU, "none", average="median")
+    with pytest.raises(ValueError, match="spans"):
+        memory_reward([-0.1, -0.2], [-0.1, -0.2], TAU, "none", average="per_question", spans=[(0, 3)])
+
+
+def test_every_rule_is_a_config_choice():
+    import typing
+
+    from services.common.config import ScorerConfig
+    from services.scorer.memory_reward import AVERAGES, FILTERS
+
+    hints = typing.get_type_hints(ScorerConfig)
+    assert typing.get_args(hints["filter_mode"]) == tuple(FILTERS)
+    assert typing.get_args(hints["average"]) == tuple(AVERAGES)

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from services.common.messages import TrajectoryBatch
-from services.scorer.continuation import build_continuation, gold_text
+from services.scorer.continuation import build_continuation, gold_answers
 from services.scorer.memory_reward import memory_reward
 from services.scorer.packing import naive_logprobs
 from services.scorer.scorer import MemoryScorer
@@ -28,14 +28,16 @@ def naive_check(model, tok, cfg, batch, out):
     for s in out.scores:
         group = batch.groups[s.group]
         ep, turn = group.episodes[s.episode], group.episodes[s.episode].turns[s.turn]
-        cont = build_continuation(tok, cfg.scorer.answer_template, gold_text(group.prompt.golds, cfg.scorer.gold_joiner))
+        cont = build_continuation(tok, cfg.scorer.answer_template, gold_answers(group.prompt.golds), None,
+                                  cfg.scorer.gold_joiner)
         a0, a1 = cont.answer_start, cont.answer_end
         full = naive_logprobs(model, ep.full_ids[: turn.full_prefix_len].tolist(), cont.ids)[a0:a1]
         mem_ctx = ep.prompt_ids.tolist() + turn.response_ids[turn.mem_start : turn.mem_end].tolist()
         mem = naive_logprobs(model, mem_ctx, cont.ids)[a0:a1]
         np.testing.assert_allclose(s.full_logp, full, atol=1e-4)
         np.testing.assert_allclose(s.mem_logp, mem, atol=1e-4)
-        r = memory_reward(full, mem, cfg.scorer.tau, cfg.scorer.filter_mode)
+        c = cfg.scorer
+        r = memory_reward(full, mem, c.tau, c.filter_mode, c.mean_eps, c.average, cont.question_spans(), c.logp_floor)
         assert s.full_keep.tolist() == r.full_keep.tolist() and s.mem_keep.tolist() == r.mem_keep.tolist()
         assert s.p_full == pytest.approx(r.p_full, abs=1e-4) and s.p_mem == pytest.approx(r.p_mem, abs=1e-4)
         assert s.r_mem == pytest.approx(r.r_mem, abs=1e-4)
@@ -48,11 +50,11 @@ def test_every_block_is_scored_like_the_naive_computation(setup, tiny_cfg):
     expected = [(g, e, t) for g, grp in enumerate(batch.groups) for e, ep in enumerate(grp.episodes)
                 for t, turn in enumerate(ep.turns) if turn.mem_start >= 0 and turn.turn >= 2]
     assert [(s.group, s.episode, s.turn) for s in out.scores] == expected and expected
-    assert out.policy_version == 5 and out.filter_mode == "independent"
+    assert out.policy_version == 5 and out.filter_mode == "none"
     naive_check(model, tok, tiny_cfg, batch, out)
     # prefix sharing: fewer tokens through the model than two separate sequences per block
     cont_len = {g: len(build_continuation(tok, tiny_cfg.scorer.answer_template,
-                                          gold_text(grp.prompt.golds)).ids) for g, grp in enumerate(batch.groups)}
+                                          gold_answers(grp.prompt.golds)).ids) for g, grp in enumerate(batch.groups)}
     naive_tokens = 0
     for g, e, t in expected:
         ep, turn = batch.groups[g].episodes[e], batch.groups[g].episodes[e].turns[t]

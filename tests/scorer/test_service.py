@@ -62,7 +62,7 @@ def test_rest_text_and_token_forms(scorer, grammar_model):
     assert body["r_mem"] == pytest.approx(body["p_mem"] - body["p_full"], abs=1e-6)
     assert len(body["mem_logprobs"]) == len(body["answer_ids"]) == len(body["full_keep"]) > 0
     assert "".join(body["answer_tokens"]).strip() == "Ziosound Caireath"
-    assert body["policy_version"] >= 0 and body["filter_mode"] == "independent"
+    assert body["policy_version"] >= 0 and body["filter_mode"] == "none" and body["average"] == "per_question"
     multi = httpx.post(f"{url}/score", json={**TEXT, "question": [TEXT["question"], "When?"], "answer": ["Ziosound Caireath", "1986"]}, timeout=60)
     assert multi.status_code == 200 and "".join(multi.json()["answer_tokens"]).strip() == "Ziosound Caireath; 1986"
     tok = AutoTokenizer.from_pretrained(grammar_model)
