@@ -115,13 +115,22 @@ def run_eval(cfg: MempoConfig, pipe, prompts: dict[int, list[Prompt]], step: int
     return out
 
 
+def _block(s, dec) -> dict:
+    """A scored <mem> block for samples.md: its P's, R_mem, retention label and, per answer token, the
+    log-prob under each context and whether the filter counted it."""
+    return {"p_mem": s.p_mem, "p_full": s.p_full, "r_mem": s.r_mem, "retained": int(s.retained),
+            "tokens": [dec([int(i)]) for i in s.answer_ids], "mem_logp": [float(x) for x in s.mem_logp],
+            "full_logp": [float(x) for x in s.full_logp], "mem_keep": [bool(x) for x in s.mem_keep],
+            "full_keep": [bool(x) for x in s.full_keep]}
+
+
 def _sample(prompt: Prompt, ep, row: dict, dec, by_turn: dict, g: int, e: int) -> dict:
     turns = []
     for t, turn in enumerate(ep.turns):
         s = by_turn.get((g, e, t))
         turns.append({"response": dec(turn.response_ids.tolist()), "observation": dec(turn.observation_ids.tolist()),
                       "problems": list(turn.problems),
-                      "memory_reward": None if s is None else {"p_mem": s.p_mem, "p_full": s.p_full, "r_mem": s.r_mem}})
+                      "memory_reward": None if s is None else _block(s, dec)})
     return {"uid": prompt.uid, "question": prompt.messages[-1].content, "golds": prompt.golds,
             "answer": ep.answer, "em": row["em"], "finish": ep.finish_reason, "turns": turns}
 

@@ -103,6 +103,20 @@ def pairs_table(runs: dict, comparisons: list[list[tuple[str, str]]]) -> str:
     return "\n".join(lines)
 
 
+RETAINED = {1: "keeps every gold answer shown so far", 0: "lost a gold answer it had been shown",
+            -1: "no gold answer shown yet"}
+
+
+def answer_logprobs_line(mr: dict) -> str:
+    """The gold answer's tokens with their log-probs after the memory and after the full history;
+    a value in brackets is one the reward's filter did not count."""
+    def side(logp, keep):
+        return " ".join(f"`{tok.strip() or repr(tok)}` " + (f"{lp:.2f}" if kept else f"({lp:.2f})")
+                        for tok, lp, kept in zip(mr["tokens"], logp, keep))
+    return (f"answer log-probs after the memory: {side(mr['mem_logp'], mr['mem_keep'])}; after the full history: "
+            f"{side(mr['full_logp'], mr['full_keep'])} (memory {RETAINED.get(mr.get('retained', -1), '?')})")
+
+
 def samples_markdown(runs: dict) -> str:
     """A few complete episodes per policy and k, decoded, with the outcome reward and the memory
     reward of each <mem> block."""
@@ -119,6 +133,8 @@ def samples_markdown(runs: dict) -> str:
                                                    f"R_mem {mr['r_mem']:+.3f})")
                     problems = f" problems: {', '.join(turn['problems'])}" if turn["problems"] else ""
                     out += [f"turn {t}{score}{problems}", "", "```", turn["response"].strip(), "```", ""]
+                    if mr is not None and mr.get("tokens"):
+                        out += [answer_logprobs_line(mr), ""]
                     if turn["observation"].strip():
                         out += ["```", turn["observation"].strip()[:600], "```", ""]
     return "\n".join(out)

@@ -119,7 +119,10 @@ class PolicyEngine:
                     self.engine.shutdown()
                 except Exception:  # already gone
                     pass
-                self.engine = self._start()
+                # off the event loop: an engine start takes seconds here and minutes on a loaded machine,
+                # and a blocked loop cannot answer Serve's health check, so Serve would replace the
+                # replica instead of letting it restart in place (seen under a one-core CPU hog)
+                self.engine = await asyncio.to_thread(self._start)
                 if (self._weights_dir / "model.safetensors").is_file():
                     await self._load_weights_folder()
                     self.version = self._folder_version

@@ -104,7 +104,10 @@ def test_report_pairs_policies_and_writes_samples(tmp_path):
                              "answer": "Kalton", "em": ems[0], "finish": "answer",
                              "turns": [{"response": "<think>\nx\n</think>\n<answer> Kalton </answer>",
                                         "observation": "", "problems": [],
-                                        "memory_reward": {"p_mem": 0.9, "p_full": 0.8, "r_mem": 0.1}}]})
+                                        "memory_reward": {"p_mem": 0.9, "p_full": 0.8, "r_mem": 0.1, "retained": 0,
+                                                          "tokens": [" Kal", "ton"], "mem_logp": [-0.1, -2.5],
+                                                          "full_logp": [-0.2, -0.3], "mem_keep": [True, False],
+                                                          "full_keep": [True, True]}}]})
         return r
 
     runs = {"sft": run([0.0] * 80 + [1.0] * 20), "rl": run([1.0] * 40 + [0.0] * 40 + [1.0] * 20)}
@@ -115,6 +118,9 @@ def test_report_pairs_policies_and_writes_samples(tmp_path):
     assert "| sft | 1 | 0.200 [" in text and "| sft | 1 | 1.000 | 1.000 | 1.000 | 1.000 | 0.000 [0.000, 0.000] |" in text
     samples = paths["samples"].read_text()
     assert "## rl, k=1, test-0: EM 1.00" in samples and "R_mem +0.100" in samples and "<answer> Kalton </answer>" in samples
+    # each block's answer tokens under both contexts, the ones its filter did not count in brackets
+    assert ("after the memory: `Kal` -0.10 `ton` (-2.50); after the full history: `Kal` -0.20 `ton` -0.30 "
+            "(memory lost a gold answer it had been shown)") in samples
     rows = [json.loads(line) for line in paths["episodes"].read_text().splitlines()]
     assert len(rows) == 200 and rows[0] == {"policy": "sft", "k": 1, "uid": "test-0", "em": 0.0, "f1": 0.0}
 
