@@ -178,7 +178,7 @@ def draw_panels(panels: list, out: Path, rows: int = 1, figsize=(15, 4.2)) -> Pa
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
-        if len(series) > 1:
+        if len(series) > 1 and ax.get_legend_handles_labels()[0]:  # a panel whose metrics a run lacks stays empty
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
