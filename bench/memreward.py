@@ -57,6 +57,8 @@ RULES = (("independent", "geometric"), ("joint", "geometric"), ("none", "geometr
          ("none", "arithmetic"), ("floor", "geometric"), ("floor", "per_question"), ("independent", "per_question"))
 KINDS = ("answer", "bridge", "distractor")
 
+from services.scorer.retention import auc  # noqa: E402  (P(pos > neg) + ties/2, the retention check's)
+
 
 def policy_dir(cfg, spec: str) -> Path:
     """sft (the `make run` cold start), rl (<run_dir>/policy), base (the world's pretrained model) or a dir."""
@@ -132,14 +134,6 @@ def check_against_scorer(model, tok, cfg, group, template: str, mine: list[dict]
     for s, b in zip(got, mine):
         np.testing.assert_allclose(s.full_logp, b["full"][b["answer"]], atol=1e-5)
         np.testing.assert_allclose(s.mem_logp, b["mem"][b["answer"]], atol=1e-5)
-
-
-def auc(pos, neg) -> float:
-    """P(pos > neg) + P(pos == neg) / 2 over all pairs; NaN when a side is empty."""
-    pos, neg = np.asarray(pos, np.float64)[:, None], np.asarray(neg, np.float64)[None, :]
-    if not pos.size or not neg.size:
-        return float("nan")
-    return float(((pos > neg) + 0.5 * (pos == neg)).mean())
 
 
 def table_row(blocks: list[dict], template: str, rule: tuple[str, str], cfg) -> dict:

@@ -27,10 +27,13 @@ def _contains(text: str, answer: str) -> bool:
 def retention_labels(tt, group, blocks: list[tuple[int, int]]) -> list[int]:
     """1 / 0 / -1 for each (episode, turn index) block of one RolloutGroup (see the module doc)."""
     golds = [list(g) for g in group.prompt.golds]
+    observations: dict[int, list[str]] = {}  # each episode's observations, decoded once
     out = []
     for ei, ti in blocks:
         ep = group.episodes[ei]
-        seen = " ".join(tt.decode(ep.turns[j].observation_ids.tolist())[0] for j in range(ti))
+        if ei not in observations:
+            observations[ei] = [tt.decode(t.observation_ids.tolist())[0] for t in ep.turns]
+        seen = " ".join(observations[ei][:ti])
         shown = [[a for a in answers if _contains(seen, a)] for answers in golds]
         shown = [s for s in shown if s]
         if not shown:

@@ -32,7 +32,7 @@ from services.rollout.token_text import TokenText
 from services.scorer.continuation import Continuation, build_continuation, gold_answers
 from services.scorer.memory_reward import memory_reward
 from services.scorer.packing import Branch, tree_logprobs
-from services.scorer.retention import retention_labels, retention_metrics
+from services.scorer.retention import retention_labels
 
 log = logging.getLogger("mempo.scorer")
 
@@ -117,8 +117,7 @@ class MemoryScorer:
                    "forwards": float(stats.get("forwards", 0)),
                    "model_tokens": float(stats.get("tokens", 0)), "seconds": time.perf_counter() - t0,
                    "p_mem_mean": sum(s.p_mem for s in scores) / n, "p_full_mean": sum(s.p_full for s in scores) / n,
-                   "r_mem_mean": sum(s.r_mem for s in scores) / n,
-                   **retention_metrics([s.r_mem for s in scores], [s.retained for s in scores])}
+                   "r_mem_mean": sum(s.r_mem for s in scores) / n}
         return MemoryScoreBatch(scores=scores, policy_version=version, tau=self.cfg.tau,
                                 filter_mode=self.cfg.filter_mode, step=batch.step, metrics=metrics)
 
