@@ -15,9 +15,7 @@ A call that no replica takes is waiting for one of three things:
     watch = ReplicaWatch("rollout", "rollout", demand={"CPU": 1, "rollout_node": 1},
                          start_timeout_s=600, call_timeout_s=1800)
     ref = watch.assign(lambda: handle.rollout.remote(payload), "rollout call 3")  # a ref this process owns
-    wait = watch.wait("weight sync")  # around tries of something that found no replica:
-    wait.check(t0)                    #   returns if worth trying again, raises if not
-    wait.close()                      #   done: the seconds spent on a replacement are counted
+    infos = watch.when_available(lambda: broadcast(handle, "info"), "the weight sync")  # retried while worth it
     watch.waited_s                    # seconds spent waiting for replacements (the run's metrics)
 
 Everything read here is public Serve state (``serve.status()``) and the live nodes' resources; the
@@ -151,6 +149,22 @@ class ReplicaWatch:
                 if response is not None:
                     response.cancel()
                 raise
+
+    def when_available(self, fn, what: str):
+        """``fn()``, tried again while Serve refuses it for want of a replica (DeploymentUnavailableError)
+        and a replica is worth waiting for; raises NoReplica or TimeoutError when none is."""
+        from ray.serve.exceptions import DeploymentUnavailableError
+
+        t0, wait = time.monotonic(), self.wait(what)
+        while True:
+            try:
+                out = fn()
+            except DeploymentUnavailableError:
+                wait.check(t0)
+                time.sleep(min(1.0, self.poll_s))
+                continue
+            wait.close()
+            return out
 
     def wait(self, what: str) -> "Wait":
         """The bookkeeping of one wait for a replica of this deployment (``what`` names it in the log)."""

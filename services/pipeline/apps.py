@@ -177,24 +177,12 @@ class Pipeline:
         """``info`` of every live replica of a driver's deployment. One whose every replica died has none
         until Serve's replacement is up: that is waited for while the driver's ReplicaWatch says one is
         starting and fits the cluster (up to ``ray.replica_wait_s``), and fails at once when not."""
-        from ray.serve.exceptions import DeploymentUnavailableError
-
         from services.learner.publish import broadcast
 
-        t0, wait = time.monotonic(), None
-        while True:
-            try:
-                replies = broadcast(driver.handle, "info")[0]
-            except DeploymentUnavailableError:
-                if driver.watch is None:
-                    raise
-                wait = wait or driver.watch.wait(f"the weight sync of {driver.watch.app}")
-                wait.check(t0)
-                time.sleep(1.0)
-                continue
-            if wait is not None:
-                wait.close()
-            return replies
+        if driver.watch is None:
+            return broadcast(driver.handle, "info")[0]
+        return driver.watch.when_available(lambda: broadcast(driver.handle, "info")[0],
+                                           f"the weight sync of {driver.watch.app}")
 
     def publish_model(self, model_dir: str, version: int) -> dict:
         """Load a Hugging Face policy directory into every rollout and scorer replica (for eval)."""

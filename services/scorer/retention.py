@@ -19,9 +19,10 @@ import numpy as np
 from services.common.rewards import normalize_answer
 
 
-def _contains(text: str, answer: str) -> bool:
+def _contains(normalized_text: str, answer: str) -> bool:
+    """Whether a SQuAD-normalised text holds ``answer`` as whole words."""
     a = normalize_answer(answer)
-    return bool(a) and f" {a} " in f" {normalize_answer(text)} "
+    return bool(a) and f" {a} " in f" {normalized_text} "
 
 
 def retention_labels(tt, group, blocks: list[tuple[int, int]]) -> list[int]:
@@ -33,14 +34,14 @@ def retention_labels(tt, group, blocks: list[tuple[int, int]]) -> list[int]:
         ep = group.episodes[ei]
         if ei not in observations:
             observations[ei] = [tt.decode(t.observation_ids.tolist())[0] for t in ep.turns]
-        seen = " ".join(observations[ei][:ti])
+        seen = normalize_answer(" ".join(observations[ei][:ti]))
         shown = [[a for a in answers if _contains(seen, a)] for answers in golds]
         shown = [s for s in shown if s]
         if not shown:
             out.append(-1)
             continue
         turn = ep.turns[ti]
-        memory = tt.decode(turn.response_ids[turn.mem_start:turn.mem_end].tolist())[0]
+        memory = normalize_answer(tt.decode(turn.response_ids[turn.mem_start:turn.mem_end].tolist())[0])
         out.append(int(all(any(_contains(memory, a) for a in s) for s in shown)))
     return out
 

@@ -129,5 +129,9 @@ def test_a_replacement_no_node_can_hold_fails_the_call_at_once(serve_http, tmp_p
         assert time.monotonic() - t0 < 30  # not the 600 s limits: there is nothing to wait for
         with pytest.raises(NoReplica):
             watch.wait("a weight sync").check(time.monotonic())
+        from services.learner.publish import broadcast
+
+        with pytest.raises(NoReplica):  # what the weight sync calls: Serve refuses, nothing is coming
+            watch.when_available(lambda: broadcast(handle, "pid"), "a weight sync")
     finally:
         serve.delete(APP)
