@@ -74,7 +74,7 @@ def naive_padded(model, scorer, batch) -> tuple[list[float], int, list[tuple]]:
                 tokens += n
                 lps = [lp[a0:a1] for lp in lps]
                 logprobs.append(tuple(lps))
-                rewards.append(scorer.reward(lps[0], lps[1]).r_mem)
+                rewards.append(scorer.reward(lps[0], lps[1], cont).r_mem)
     return rewards, tokens, logprobs
 
 

@@ -103,7 +103,8 @@ class MemoryScorer:
                 mems.append(t.response_ids[t.mem_start:t.mem_end].tolist())
             branches = [Branch(len(prompt), m + cont.ids) for m in mems]
             mem_lps = tree_logprobs(self.model, prompt, branches, self.cfg.token_budget, stats)
-            retained = retention_labels(self.tt, group, blocks)
+            retained = (retention_labels(self.tt, group, blocks) if self.tt is not None
+                        else [-1] * len(blocks))  # no tokenizer (synthetic ids): nothing to judge
             for (ei, ti), m, lp, kept in zip(blocks, mems, mem_lps, retained):
                 mem = lp[len(m) + a0:len(m) + a1]
                 r = self.reward(full_lp[(ei, ti)], mem, cont)
