@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -172,12 +171,6 @@ def scorer_check(model, cfg, cases: dict, cont, repeats: int) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def learner_check(cfg, model_dir: str, tb, steps: int) -> dict:
     """One in-process ``LearnerWorker`` (rank 0 of 1): a warm-up step, ``steps`` timed steps, one gather."""
     import torch
@@ -189,7 +182,8 @@ def learner_check(cfg, model_dir: str, tb, steps: int) -> dict:
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    worker = LearnerWorker(0, 1, cfg.model_dump(mode="json"), model_dir, _free_port())
+    worker = LearnerWorker(0, 1, cfg.model_dump(mode="json"), model_dir)
+    worker.join(*worker.store_address())
     try:
         payload = encode(tb)
         best, metrics = timed(lambda: worker.train_step(payload), steps)

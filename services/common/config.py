@@ -97,6 +97,7 @@ class WorldConfig(_Section):
     test_objectives: list[PositiveInt] = Field(list(range(2, 11)), min_length=1, description="Objective counts k of the held-out test sets (the paper evaluates k=2..10).")
     two_hop_share: float = Field(0.5, ge=0.0, le=1.0, description="Share of questions that need two hops.")
     oracle_trajectories: int = Field(10000, ge=0, description="Oracle (SFT cold-start) trajectories from training prompts (the paper distils ~10k).")
+    oracle_max_turns: int = Field(16, ge=1, description="Turn limit of the oracle's SFT trajectories (the cold start's longest episodes). A world setting, not rollout.max_turns, so changing the agent's turn limit reuses the built world; the agent loop still stops at rollout.max_turns.")
     oracle_imperfect_share: float = Field(0.2, ge=0.0, le=1.0, description="Share of oracle trajectories with imperfect behaviour (sloppy memory, redundant search, early answer).")
     name_pool: int = Field(0, ge=0, description="Words per name inventory (given names, family names, company/university stems); names combine them, as real names reuse words. 0 = every name word is new (each entity's name is a token seen only with it).")
     tokenizer_vocab_size: int = Field(2048, ge=300, description="Vocabulary size of the world's byte-level BPE tokenizer (an upper bound: BPE stops when no pair repeats).")

@@ -51,7 +51,6 @@ def world_key(cfg: MempoConfig) -> str:
         "model": cfg.model.model_dump(exclude={"path", "dtype"}),
         "system_prompt": cfg.rollout.system_prompt,
         "topk": cfg.search.topk,
-        "max_turns": cfg.rollout.max_turns,
         "doc_format": cfg.search.doc_format,
     }
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]

@@ -10,6 +10,13 @@ argument; driver-only fields such as replica counts and ``train.steps`` are alre
 the ``services`` package's source: same config and code, same version, running replicas stay; a
 replica-count change is a lightweight Serve update; anything else redeploys.
 
+The version of a service covers only the config sections its replicas read (:data:`SECTIONS`):
+two configs that differ elsewhere (another ``train.run_dir``, ``algorithm.use_memory_reward``, a learner
+setting) deploy the search, rollout and scorer replicas that already run, untouched, so ``mempo compare``
+restarts only what a variant changes. The replicas are still built with the whole config (the
+cross-section validators need it); a kept replica's fields outside its sections are the earlier
+config's, which it does not read. The learner reads the whole config and restarts on any change.
+
 ``serve deploy`` (deploy/serve_config.yaml) ignores this: Serve versions those applications by the
 config file.
 """
@@ -32,12 +39,44 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def deployment_version(replica_config: dict) -> str:
-    text = json.dumps(replica_config, sort_keys=True, default=str)
-    return hashlib.sha256((source_digest() + text).encode()).hexdigest()[:20]
+# The config sections (or single ``section.field``s) each service's replicas read, checked by grepping
+# each service package for ``cfg.<section>``; tests/common/test_serve_version.py pins what a baseline's
+# change restarts. None: every section. ``world`` resolves a path still named 'world'; ``ray`` holds the
+# call timeouts; the scorer reads only the system prompt of the rollout section (its REST default).
+SECTIONS: dict[str, tuple[str, ...] | None] = {
+    "search": ("search", "world", "ray"),
+    "rollout": ("model", "engine", "rollout", "search", "world", "ray"),
+    "scorer": ("model", "engine", "scorer", "rollout.system_prompt", "world", "ray"),
+    "learner": None,
+}
 
 
-def pinned(deployment, replica_config: dict):
-    """``deployment`` with the code version of this config and code (Serve's internal option: the
-    public ``options(version=...)`` was removed, and ``serve.run`` otherwise draws a random one)."""
-    return deployment.options(version=deployment_version(replica_config), _internal=True)
+def service_slice(replica_config: dict, service: str) -> dict:
+    """The part of a replica config that ``service``'s replicas read (:data:`SECTIONS`)."""
+    if service not in SECTIONS:
+        raise ValueError(f"unknown service {service!r}; choose from {', '.join(SECTIONS)}")
+    keep = SECTIONS[service]
+    if keep is None:
+        return dict(replica_config)
+    out: dict = {}
+    for entry in keep:
+        section, _, name = entry.partition(".")
+        if section not in replica_config:
+            continue
+        if name:
+            out.setdefault(section, {})[name] = replica_config[section][name]
+        else:
+            out[section] = replica_config[section]
+    return out
+
+
+def deployment_version(replica_config: dict, service: str) -> str:
+    text = json.dumps(service_slice(replica_config, service), sort_keys=True, default=str)
+    return hashlib.sha256((source_digest() + service + text).encode()).hexdigest()[:20]
+
+
+def pinned(deployment, replica_config: dict, service: str):
+    """``deployment`` with the code version of this service's config sections and the code (Serve's
+    internal option: the public ``options(version=...)`` was removed, and ``serve.run`` otherwise draws
+    a random one)."""
+    return deployment.options(version=deployment_version(replica_config, service), _internal=True)

@@ -19,8 +19,8 @@ import ray
 
 from services.common.codec import encode
 from services.common.config import MempoConfig, actor_options, learner_worker_gpus
-from services.common.local_ray import free_ports
 from services.common.messages import TrainingBatch
+from services.learner.rendezvous import LOOPBACK, NODE
 from services.learner.worker import LearnerWorker
 
 _SUMMED = ("pg_loss", "kl", "entropy", "abs_diff", "tokens", "clip", "dual_clip", "sft_loss", "lag", "is_tokens",
@@ -33,10 +33,12 @@ class LearnerGroup:
         self.world = world_size or cfg.learner.world_size
         options = actor_options(cfg.learner.num_cpus_per_worker, learner_worker_gpus(cfg), cfg.learner.resources)
         actor = ray.remote(**options)(LearnerWorker)
-        port = free_ports(1)[0]
         config = cfg.model_dump(mode="json")
-        self.workers = [actor.remote(r, self.world, config, str(model_dir), port) for r in range(self.world)]
-        self.pids: list[int] = ray.get([w.ready.remote() for w in self.workers])
+        # rank 0 binds the rendezvous socket: loopback on one machine, its node's address on a cluster
+        store_host = NODE if cfg.ray.address else LOOPBACK
+        self.workers = [actor.remote(r, self.world, config, str(model_dir), store_host) for r in range(self.world)]
+        host, port = ray.get(self.workers[0].store_address.remote())
+        self.pids: list[int] = ray.get([w.join.remote(host, port) for w in self.workers])
 
     def _all(self, method: str, *args) -> list:
         return ray.get([getattr(w, method).remote(*args) for w in self.workers])

@@ -5,7 +5,7 @@ Handle methods:
     step([TrajectoryBatch refs], [MemoryScoreBatch refs or None], max_staleness=0) -> metrics incl. the
         new version (refs wrapped in a list stay refs: the learner reads the bytes from the object
         store itself); turns and memory scores more than max_staleness versions old are dropped, counted
-    save() -> checkpoint path           info() -> {"version", "step", ...}
+    save() -> checkpoint path           info() -> {"replica", "version", "step", ...}
     publish() -> report (re-send the current policy, e.g. after a resume)
     export(out_dir) -> out_dir (a plain Hugging Face directory of the current policy)
 
@@ -84,6 +84,7 @@ class LearnerService:
 
         self.cfg = MempoConfig.model_validate(config)
         self.model_dir = str(model_path(self.cfg))
+        self.replica = serve.get_replica_context().replica_id.unique_id
         self.group = LearnerGroup(self.cfg, self.model_dir)
         resumed = self.group.resume(self.cfg.train.run_dir)
         self.step_no = resumed["step"] if resumed else 0
@@ -231,7 +232,7 @@ class LearnerService:
             return await asyncio.to_thread(self.group.export_hf, out_dir, self.model_dir)
 
     def info(self) -> dict:
-        return {"version": self.version, "step": self.step_no, "world_size": self.group.world, "model": self.model_dir,
+        return {"replica": self.replica, "version": self.version, "step": self.step_no, "world_size": self.group.world, "model": self.model_dir,
                 "worker_pids": self.group.pids, "phase": self.phase, "restarts": self.restarts,
                 "node_id": ray.get_runtime_context().get_node_id()}
 
@@ -257,4 +258,4 @@ def deployment_options(cfg: MempoConfig) -> dict:
 
 def learner_app(cfg: MempoConfig):
     config = replica_config(cfg)
-    return pinned(LearnerService.options(**deployment_options(cfg)), config).bind(config)
+    return pinned(LearnerService.options(**deployment_options(cfg)), config, "learner").bind(config)

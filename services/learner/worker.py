@@ -23,6 +23,7 @@ from services.common.codec import decode
 from services.common.config import MempoConfig
 from services.common.messages import TrainingBatch
 from services.common.model_io import model_dtype, target_logprobs
+from services.learner.rendezvous import LOOPBACK, group_store, listen
 from services.learner.loss import aggregate, behaviour_weights, entropy_from_logits, kl_penalty, policy_loss
 from services.learner.samples import MicroBatch, global_counts, micro_batches
 
@@ -42,21 +43,38 @@ def token_logprobs(model, mb: MicroBatch, with_entropy: bool = False):
 
 
 class LearnerWorker:
-    def __init__(self, rank: int, world: int, config: dict, model_dir: str, master_port: int):
+    """Built in two calls: the constructor (rank 0 opens the group's rendezvous socket), then ``join``
+    on every rank with rank 0's ``store_address()`` (the process group, the model shards, the optimizer).
+
+        w = LearnerWorker(0, 1, config, model_dir); w.join(*w.store_address())     # in-process, W=1
+    """
+
+    def __init__(self, rank: int, world: int, config: dict, model_dir: str, store_host: str = LOOPBACK):
+        self.cfg = MempoConfig.model_validate(config)
+        self.rank, self.world, self.model_dir = rank, world, model_dir
+        self.listener = listen(store_host) if rank == 0 else None
+        self.address = tuple(self.listener.getsockname()[:2]) if self.listener is not None else None
+
+    def store_address(self) -> tuple[str, int]:
+        """(host, port) of rank 0's rendezvous socket: what every rank's ``join`` connects to."""
+        if self.address is None:
+            raise RuntimeError(f"rank {self.rank} has no rendezvous socket; ask rank 0")
+        return self.address
+
+    def join(self, host: str, port: int) -> int:
+        """Join the group at rank 0's (host, port), shard the policy (and the reference); returns the pid."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
         from transformers import AutoModelForCausalLM
 
-        self.cfg = MempoConfig.model_validate(config)
-        self.rank, self.world = rank, world
+        rank, world, model_dir = self.rank, self.world, self.model_dir
         lc = self.cfg.learner
         cuda = torch.cuda.is_available()
         backend = lc.backend if lc.backend != "auto" else ("nccl" if cuda else "gloo")
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
-                          WORLD_SIZE=str(world))
         if cuda:
             torch.cuda.set_device(0)
-        dist.init_process_group(backend, rank=rank, world_size=world)
+        self.store = group_store(rank, world, host, port, self.listener)
+        dist.init_process_group(backend, store=self.store, rank=rank, world_size=world)
         self.mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
         dtype = model_dtype(self.cfg.model.dtype)
         torch.manual_seed(self.cfg.train.seed)
@@ -79,6 +97,7 @@ class LearnerWorker:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lambda s: min(1.0, (s + 1) / warm))
         self.step = 0
         self.skipped_steps = 0  # updates not applied because the loss or the gradient norm was not finite
+        return os.getpid()
 
     def ready(self) -> int:
         """This rank's process id, once the model is sharded."""

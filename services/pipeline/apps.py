@@ -114,6 +114,7 @@ class Pipeline:
     version: int | None = None  # the policy version the training loop last synced
     republished: int = 0  # publishes to bring replaced (or new) replicas up to date, since start
     watches: dict = field(default_factory=dict)  # service -> ReplicaWatch: why a call waits, for how long
+    start_s: dict = field(default_factory=dict)  # service -> seconds its serve.run took (a kept service: ~1 s)
 
     @classmethod
     def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = SERVICES) -> "Pipeline":
@@ -135,7 +136,8 @@ class Pipeline:
             name = app_name(cfg, service)
             handle = serve.run(application(cfg, service), name=name, route_prefix=route_prefix(cfg, service))
             pipe.apps.append(name)
-            log.info("%s is up (%.1fs)", name, time.perf_counter() - t0)
+            pipe.start_s[service] = time.perf_counter() - t0
+            log.info("%s is up (%.1fs)", name, pipe.start_s[service])
             if service == "search":
                 pipe.search = handle
             elif service == "rollout":
@@ -171,6 +173,13 @@ class Pipeline:
             self.learner.publish()
             self.republished += 1
         return bool(stale)
+
+    def replica_names(self) -> dict[str, list[str]]:
+        """service -> the names of its live replicas (rollout, scorer, learner; the search service
+        has no ``info``): the same names after a redeploy mean Serve kept the replicas."""
+        drivers = {"rollout": self.rollout, "scorer": self.scorer, "learner": self.learner}
+        return {s: sorted(str(r.get("replica")) for r in self._replica_info(d))
+                for s, d in drivers.items() if d is not None}
 
     @staticmethod
     def _replica_info(driver) -> list[dict]:

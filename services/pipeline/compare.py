@@ -13,6 +13,12 @@ Three RL runs with the same steps, seed, prompts and budget, each starting from 
     mempo_ref  MemPO with the reference's memory reward (only with --variants: scorer.filter_mode=independent,
                scorer.average=geometric, scorer.answer_template=reference)
 
+The services stay up between variants: a deployment whose config sections a variant leaves alone
+(services/common/serve_version.py) keeps its replicas, and the SFT start is published to them at
+version 0, the weights a fresh replica loads; only what the variant changes restarts (the learner
+always: its run, optimizer and policy are the variant's own). ``startup.json`` records each variant's
+start-up seconds per service and the replicas that served it.
+
 Each variant is evaluated on the same held-out prompts (``eval.questions_per_k`` per k, greedy) by
 the pipeline it trained on, so it runs under its own context rule; the SFT start is evaluated once
 under MemPO's rule. The report gives EM with its 95% CI, F1, turns, total tokens (TT) and peak
@@ -61,18 +67,23 @@ def compare(path: str | None, overrides: list[str], variants: list[str] | None =
         run_sft(base)
     out_dir = Path(base.train.run_dir) / "compare"
     prompts = eval_prompts(prepare_world(base), base.eval.questions_per_k)
-    runs = {}
-    for i, name in enumerate(names):
-        cfg = variant_config(path, overrides, name, sft)
-        pipe = train(cfg)["pipeline"]
-        try:
+    runs, startup, pipe = {}, {}, None
+    try:
+        for i, name in enumerate(names):
+            if pipe is not None:  # kept replicas get the start a fresh one would load (model.path, version 0)
+                pipe.publish_model(str(sft), version=0)
+            cfg = variant_config(path, overrides, name, sft)
+            pipe = train(cfg)["pipeline"]
+            startup[name] = {"start_s": pipe.start_s, "replicas": pipe.replica_names()}
             if i == 0:  # the common start, under the first variant's context rule
                 pipe.publish_model(str(sft), version=10_000)
                 runs["sft"] = run_eval(cfg, pipe, prompts)
                 pipe.publish_model(str(Path(cfg.train.run_dir) / "policy"), version=10_001)
             runs[name] = run_eval(cfg, pipe, prompts)
-        finally:
+    finally:
+        if pipe is not None:
             pipe.shutdown()
+    (out_dir / "startup.json").write_text(json.dumps(startup, indent=1))
     results = {name: run.table() for name, run in runs.items()}
     paths = {"report": out_dir / "report.md", "eval": out_dir / "eval.json", "plot": out_dir / "compare.png"}
     paths["eval"].write_text(json.dumps({n: {str(k): v for k, v in t.items()} for n, t in results.items()}, indent=1))
@@ -82,12 +93,30 @@ def compare(path: str | None, overrides: list[str], variants: list[str] | None =
             f"Same SFT start, {steps} RL steps each, seed {base.train.seed}; {base.eval.questions_per_k} held-out "
             "prompts per k, one greedy episode each. TT = total tokens per task, PT = peak tokens of one turn.", "",
             markdown_table(results), "", "## EM against the SFT start (paired bootstrap over prompts)", "",
-            delta_table(runs), "", "![held-out EM and tokens per variant](compare.png)", ""]
+            delta_table(runs), "", "![held-out EM and tokens per variant](compare.png)", "",
+            "## Start-up seconds per service (a kept service only checks its version)", "",
+            startup_table(startup), ""]
     paths["report"].write_text("\n".join(text))
     print(markdown_table(results), flush=True)
     print(delta_table(runs), flush=True)
     print("report: " + ", ".join(str(p) for p in paths.values()), flush=True)
     return paths
+
+
+def startup_table(startup: dict) -> str:
+    """Markdown: each variant's start-up seconds per service; * marks a service whose replicas the
+    previous variant's run had (kept, not restarted)."""
+    services = list(next(iter(startup.values()))["start_s"]) if startup else []
+    lines = ["| variant | " + " | ".join(services) + " | total |", "|---" * (len(services) + 2) + "|"]
+    previous: dict = {}
+    for name, row in startup.items():
+        cells = []
+        for s in services:
+            kept = bool(row["replicas"].get(s)) and row["replicas"].get(s) == previous.get(s)
+            cells.append(f"{row['start_s'][s]:.1f}{'*' if kept else ''}")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {sum(row['start_s'].values()):.1f} |")
+        previous = row["replicas"]
+    return "\n".join(lines)
 
 
 def plot_compare(metrics: dict[str, Path], out: Path) -> Path:

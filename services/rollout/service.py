@@ -122,4 +122,4 @@ def deployment_options(cfg: MempoConfig) -> dict:
 
 def rollout_app(cfg: MempoConfig):
     config = replica_config(cfg)
-    return pinned(RolloutService.options(**deployment_options(cfg)), config).bind(config)
+    return pinned(RolloutService.options(**deployment_options(cfg)), config, "rollout").bind(config)

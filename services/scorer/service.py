@@ -280,4 +280,4 @@ def deployment_options(cfg: MempoConfig) -> dict:
 
 def scorer_app(cfg: MempoConfig):
     config = replica_config(cfg)
-    return pinned(ScorerService.options(**deployment_options(cfg)), config).bind(config)
+    return pinned(ScorerService.options(**deployment_options(cfg)), config, "scorer").bind(config)

@@ -216,4 +216,4 @@ def deployment_options(cfg: MempoConfig) -> dict:
 def search_app(cfg: MempoConfig):
     """The bound search application for ``serve.run``."""
     config = replica_config(cfg)
-    return pinned(SearchService.options(**deployment_options(cfg)), config).bind(config)
+    return pinned(SearchService.options(**deployment_options(cfg)), config, "search").bind(config)

@@ -25,3 +25,12 @@ def test_a_lookup_into_an_unbuilt_world_says_how_to_build_it(tmp_path):
     other = load_config(TINY, [f"world.dir={tmp_path}", "model.path=/m", "search.corpus=/c.jsonl", "train.data=/t",
                                "train.sft_data=/s", "eval.data=/e"])
     assert resolved(other) is other and model_path(other).as_posix() == "/m"
+
+
+def test_the_world_key_follows_the_oracle_turn_limit_not_the_agents():
+    """Tests and baselines change rollout.max_turns freely; each change must not build a whole new world."""
+    from services.common.paths import world_key
+
+    base = world_key(load_config(TINY))
+    assert world_key(load_config(TINY, ["rollout.max_turns=3"])) == base
+    assert world_key(load_config(TINY, ["world.oracle_max_turns=3"])) != base

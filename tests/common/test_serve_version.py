@@ -1,16 +1,48 @@
 """The Serve code version of mempo's deployments (services/common/serve_version.py), without Ray."""
 
+import pytest
+
 from services.common.config import load_config, replica_config
-from services.common.serve_version import deployment_version
+from services.common.serve_version import SECTIONS, deployment_version, service_slice
+from services.pipeline.compare import VARIANTS
+
+TINY = "deploy/configs/tiny.yaml"
+SERVICES = tuple(SECTIONS)
+
+
+def versions(overrides: list[str]) -> dict[str, str]:
+    config = replica_config(load_config(TINY, overrides))
+    return {s: deployment_version(config, s) for s in SERVICES}
 
 
 def test_same_config_same_version_and_driver_fields_do_not_count():
-    a = load_config("deploy/configs/tiny.yaml")
-    b = load_config("deploy/configs/tiny.yaml", ["train.steps=99", "rollout.replicas=3", "scorer.call_retries=5"])
-    assert deployment_version(replica_config(a)) == deployment_version(replica_config(b))  # running replicas stay
+    a = versions([])
+    assert versions(["train.steps=99", "rollout.replicas=3", "scorer.call_retries=5"]) == a  # running replicas stay
+    assert len(set(a.values())) == len(SERVICES)  # each service has its own version
 
 
 def test_a_config_change_the_replicas_see_changes_the_version():
-    a = load_config("deploy/configs/tiny.yaml")
-    b = load_config("deploy/configs/tiny.yaml", ["rollout.temperature=0.5"])
-    assert deployment_version(replica_config(a)) != deployment_version(replica_config(b))  # Serve redeploys
+    a, b = versions([]), versions(["rollout.temperature=0.5"])
+    assert {s for s in SERVICES if a[s] != b[s]} == {"rollout", "learner"}  # Serve redeploys those
+    c = versions(["rollout.system_prompt=Answer."])
+    assert {s for s in SERVICES if a[s] != c[s]} == {"rollout", "scorer", "learner"}  # the scorer's REST default
+
+
+def test_a_baseline_restarts_only_the_services_whose_sections_it_changes():
+    """What `mempo compare` keeps running between variants (each has its own run_dir)."""
+    base = versions(["train.run_dir=runs/a"])
+    changed = {}
+    for name, overrides in VARIANTS.items():
+        v = versions(overrides + [f"train.run_dir=runs/{name}"])
+        changed[name] = {s for s in SERVICES if v[s] != base[s]}
+    assert changed == {"mempo": {"learner"}, "mem1": {"learner"}, "search_r1": {"rollout", "learner"},
+                       "mempo_ref": {"scorer", "learner"}}
+
+
+def test_the_slice_keeps_only_the_services_sections():
+    config = replica_config(load_config(TINY))
+    assert set(service_slice(config, "search")) == {"search", "world", "ray"}
+    assert service_slice(config, "scorer")["rollout"] == {"system_prompt": config["rollout"]["system_prompt"]}
+    assert service_slice(config, "learner") == config
+    with pytest.raises(ValueError, match="unknown service 'critic'"):
+        service_slice(config, "critic")

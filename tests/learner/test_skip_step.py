@@ -4,7 +4,6 @@ One LearnerWorker in this process (FSDP2 over gloo, world size 1), no Ray."""
 
 import copy
 import math
-import socket
 
 import numpy as np
 import pytest
@@ -15,16 +14,11 @@ from services.learner.worker import LearnerWorker
 pytestmark = pytest.mark.slow
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def worker(setup, world):
     cfg, _ = setup
-    w = LearnerWorker(0, 1, cfg.model_dump(mode="json"), str(world / "model"), _port())
+    w = LearnerWorker(0, 1, cfg.model_dump(mode="json"), str(world / "model"))
+    w.join(*w.store_address())
     yield w
     w.shutdown()
 

@@ -47,3 +47,12 @@ def test_compare_one_step_each(serve_http, grammar_model, world, tmp_path):
     for name in ("sft", "mempo", "mem1", "search_r1"):
         assert f"| {name} | 1 |" in report
     assert paths["plot"].stat().st_size > 10_000
+    # services a variant leaves alone keep their replicas; the learner restarts for each run
+    startup = json.loads((tmp_path / "compare" / "startup.json").read_text())
+    replicas = {n: startup[n]["replicas"] for n in DEFAULT_VARIANTS}
+    assert replicas["mem1"]["rollout"] == replicas["mempo"]["rollout"]
+    assert replicas["mem1"]["scorer"] == replicas["mempo"]["scorer"] == replicas["search_r1"]["scorer"]
+    assert replicas["search_r1"]["rollout"] != replicas["mem1"]["rollout"]  # the context rule is the rollout's
+    assert len({tuple(r["learner"]) for r in replicas.values()}) == 3
+    assert set(startup["mem1"]["start_s"]) == {"search", "rollout", "scorer", "learner"}
+    assert "## Start-up seconds per service" in report
