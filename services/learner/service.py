@@ -76,6 +76,19 @@ def stage_metrics(trajs: list[TrajectoryBatch], scores: list[MemoryScoreBatch], 
     return out
 
 
+def publish_handles(targets: list[str]) -> list:
+    """Handles of the ``app:deployment`` targets the learner publishes weights to. One not deployed
+    (``mempo serve --apps learner`` alone) is left out with a warning, not a failed start."""
+    handles = []
+    for name in targets:
+        app, _, deployment = name.rpartition(":")
+        try:
+            handles.append(serve.get_deployment_handle(deployment, app_name=app or deployment))
+        except KeyError:
+            log.warning("%s is not deployed: the learner will not publish weights to it", name)
+    return handles
+
+
 @serve.deployment(name="learner")
 class LearnerService:
     def __init__(self, config: dict):
@@ -89,9 +102,7 @@ class LearnerService:
         resumed = self.group.resume(self.cfg.train.run_dir)
         self.step_no = resumed["step"] if resumed else 0
         self.version = self.step_no
-        handles = [serve.get_deployment_handle(name.split(":")[-1], app_name=name.split(":")[0])
-                   for name in self.cfg.learner.publish_to]
-        self.publisher = ObjectStorePublisher(handles)
+        self.publisher = ObjectStorePublisher(publish_handles(self.cfg.learner.publish_to))
         self.busy = asyncio.Lock()
         self.restarts, self.last_restart_s = 0, 0.0
         self.phase = "idle"  # "train_step" while the workers update
