@@ -25,6 +25,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from services.common.turn_format import answer_continuation
+from services.scorer.memory_reward import AVERAGES, FILTERS  # the reward-rule registries (pure numpy)
 
 # The answer continuation appended to both the memory and the full context when scoring a <mem>
 # block (docs/algorithm.md, section 4). ``{gold}`` is replaced by the gold answer(s). The default is the
@@ -43,6 +44,19 @@ def _answer_template(value: str) -> str:
     if value.count("{gold}") != 1:
         raise ValueError(f"must be {' or '.join(ANSWER_TEMPLATES)}, or a template with {{gold}} exactly once")
     return value
+
+def _registered(rules: dict, what: str):
+    """A validator accepting the names of one reward-rule registry (services/scorer/memory_reward.py)."""
+    def check(value: str) -> str:
+        if value not in rules:
+            raise ValueError(f"{what} {value!r} is not one of {', '.join(rules)} (services/scorer/memory_reward.py)")
+        return value
+    return check
+
+
+def _rule_names(rules: dict) -> str:
+    return "; ".join(f"{r.name}: {r.description}" for r in rules.values())
+
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a search agent. Answer the user's question(s) by searching a knowledge base. "
@@ -184,8 +198,8 @@ class SearchConfig(_Section):
 
 class ScorerConfig(_Section):
     tau: float = Field(math.log(0.5), description="Keep an answer token if its log-prob exceeds tau (reference: log 0.5).")
-    filter_mode: Literal["independent", "joint", "none", "floor"] = Field("none", description="Which answer tokens count (services/scorer/memory_reward.py FILTERS): each side its own above tau (reference), both sides must pass, all of them, or all with log-probs raised to scorer.logp_floor.")
-    average: Literal["geometric", "per_question", "arithmetic"] = Field("per_question", description="How the counted answer tokens become P (memory_reward.py AVERAGES): exp(mean log-prob) over all questions' answers (reference), that per question then averaged over the k questions, or the mean token probability.")
+    filter_mode: Annotated[str, AfterValidator(_registered(FILTERS, "filter mode"))] = Field("none", description="Which answer tokens count, a rule of services/scorer/memory_reward.py FILTERS: " + _rule_names(FILTERS) + ".")
+    average: Annotated[str, AfterValidator(_registered(AVERAGES, "average"))] = Field("per_question", description="How the counted answer tokens become P, a rule of memory_reward.py AVERAGES: " + _rule_names(AVERAGES) + ".")
     logp_floor: float = Field(-5.0, lt=0, description="filter_mode floor: the lowest log-prob one answer token contributes.")
     answer_template: Annotated[str, AfterValidator(_answer_template)] = Field(DEFAULT_ANSWER_TEMPLATE, description="Assistant continuation scored after each context, {gold} standing for the gold answer; 'policy' (default) = the policy's own answering turn (services/common/turn_format.py), 'reference' = the reference's sentence, which the policy never writes.")
     gold_joiner: str = Field("; ", description="Joins the first gold answer of each question when k > 1.")

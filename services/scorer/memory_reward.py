@@ -8,6 +8,11 @@ context (teacher forcing with the current policy):
     P_mem  = exp(sum(mem_logp  * mem_keep ) / (sum(mem_keep ) + eps))
     R_mem  = P_mem - P_full
 
+Rules are registries: a filter (``FILTERS``, ``@filter_rule``) and an average (``AVERAGES``,
+``@average_rule``), each a named function with a one-line description; ``scorer.filter_mode`` and
+``scorer.average`` accept any registered name (docs/extending.md: adding a rule is one function here
+and a test). ``python -m services.scorer.memory_reward`` lists them.
+
 Which tokens count is a filter (``FILTERS``): ``independent`` (reference: each side keeps its own
 confident tokens), ``joint`` (a token counts on both sides only if it passes on both), ``none`` (every
 answer token counts), ``floor`` (every token counts, its log-prob raised to a floor). How they become
@@ -24,22 +29,62 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-FILTERS = {  # name -> which answer tokens count
-    "independent": "each side keeps the tokens it predicts with log-prob above tau (the reference)",
-    "joint": "a token counts on both sides only if it passes tau on both",
-    "none": "every answer token counts",
-    "floor": "every answer token counts, its log-prob raised to at least scorer.logp_floor",
-}
-AVERAGES = {  # name -> how the counted tokens become P
-    "geometric": "P = exp(mean log-prob of the counted tokens), over all questions' answers at once (the reference)",
-    "per_question": "the geometric P of each question's answer, then their arithmetic mean: one lost answer of k "
-                    "costs about 1/k",
-    "arithmetic": "P = mean probability of the counted tokens",
-}
-FILTER_MODES = tuple(FILTERS)
+@dataclass(frozen=True)
+class Rule:
+    """One named reward rule: what ``scorer.filter_mode`` / ``scorer.average`` select by name."""
+
+    name: str
+    description: str
+    fn: Callable
+
+
+FILTERS: dict[str, Rule] = {}  # name -> which answer tokens count: fn(full_logp, mem_logp, tau, floor)
+AVERAGES: dict[str, Rule] = {}  # name -> how the counted tokens become P: fn(logp, keep, spans, eps)
+
+
+def filter_rule(name: str, description: str):
+    """Register ``fn(full_logp, mem_logp, tau, floor) -> (full_keep, mem_keep, full_logp, mem_logp)``
+    (the log-probs it returns are what the average sees) as ``scorer.filter_mode=name``."""
+    def register(fn):
+        FILTERS[name] = Rule(name, description, fn)
+        return fn
+    return register
+
+
+def average_rule(name: str, description: str):
+    """Register ``fn(logp, keep, spans, eps) -> P`` as ``scorer.average=name``; ``spans`` are each
+    question's [start, end) in the answer tokens (one span covering all of them when k = 1)."""
+    def register(fn):
+        AVERAGES[name] = Rule(name, description, fn)
+        return fn
+    return register
+
+
+@filter_rule("independent", "each side keeps the tokens it predicts with log-prob above tau (the reference)")
+def _independent(full_logp, mem_logp, tau, floor):
+    return full_logp > tau, mem_logp > tau, full_logp, mem_logp
+
+
+@filter_rule("joint", "a token counts on both sides only if it passes tau on both")
+def _joint(full_logp, mem_logp, tau, floor):
+    both = (full_logp > tau) & (mem_logp > tau)
+    return both, both.copy(), full_logp, mem_logp
+
+
+@filter_rule("none", "every answer token counts")
+def _none(full_logp, mem_logp, tau, floor):
+    keep = np.ones(full_logp.shape, dtype=bool)
+    return keep, keep.copy(), full_logp, mem_logp
+
+
+@filter_rule("floor", "every answer token counts, its log-prob raised to at least scorer.logp_floor")
+def _floor(full_logp, mem_logp, tau, floor):
+    keep = np.ones(full_logp.shape, dtype=bool)
+    return keep, keep.copy(), np.maximum(full_logp, floor), np.maximum(mem_logp, floor)
 
 
 @dataclass
@@ -54,19 +99,23 @@ class BlockReward:
         return self.p_mem - self.p_full
 
 
+def _rule(rules: dict[str, Rule], name: str, what: str) -> Rule:
+    if name not in rules:
+        raise ValueError(f"{what} {name!r} is not one of {tuple(rules)}")
+    return rules[name]
+
+
 def kept_masks(full_logp: np.ndarray, mem_logp: np.ndarray, tau: float, mode: str) -> tuple[np.ndarray, np.ndarray]:
-    if mode not in FILTERS:
-        raise ValueError(f"filter mode {mode!r} is not one of {FILTER_MODES}")
+    """Which answer tokens count on each side under filter ``mode``."""
+    full_keep, mem_keep, _, _ = _filtered(full_logp, mem_logp, tau, mode, -math.inf)
+    return full_keep, mem_keep
+
+
+def _filtered(full_logp, mem_logp, tau: float, mode: str, floor: float):
+    rule = _rule(FILTERS, mode, "filter mode")
     if full_logp.shape != mem_logp.shape:
         raise ValueError(f"answer log-probs differ in shape: full {full_logp.shape}, mem {mem_logp.shape}")
-    if mode in ("none", "floor"):
-        keep = np.ones(full_logp.shape, dtype=bool)
-        return keep, keep.copy()
-    full_keep, mem_keep = full_logp > tau, mem_logp > tau
-    if mode == "joint":
-        both = full_keep & mem_keep
-        return both, both.copy()
-    return full_keep, mem_keep
+    return rule.fn(full_logp, mem_logp, tau, floor)
 
 
 def geometric_p(logp: np.ndarray, keep: np.ndarray, eps: float = 1e-8) -> float:
@@ -76,21 +125,33 @@ def geometric_p(logp: np.ndarray, keep: np.ndarray, eps: float = 1e-8) -> float:
     return float(math.exp(float((logp * keep).sum()) / (float(keep.sum()) + eps)))
 
 
+@average_rule("geometric", "P = exp(mean log-prob of the counted tokens), over all questions' answers at once "
+                           "(the reference)")
+def _geometric(logp, keep, spans, eps):
+    return geometric_p(logp, keep, eps)
+
+
+@average_rule("per_question", "the geometric P of each question's answer, then their arithmetic mean: one lost "
+                              "answer of k costs about 1/k")
+def _per_question(logp, keep, spans, eps):
+    return float(np.mean([geometric_p(logp[a:b], keep[a:b], eps) for a, b in spans]))
+
+
+@average_rule("arithmetic", "P = mean probability of the counted tokens")
+def _arithmetic(logp, keep, spans, eps):
+    return float(np.exp(logp[keep]).mean()) if keep.any() else 1.0
+
+
 def average_p(logp: np.ndarray, keep: np.ndarray, average: str = "geometric", spans=None, eps: float = 1e-8) -> float:
     """P of one side under an ``AVERAGES`` rule; ``spans``: each question's [start, end) in the answer
     tokens (None = one question)."""
-    if average not in AVERAGES:
-        raise ValueError(f"average {average!r} is not one of {tuple(AVERAGES)}")
+    rule = _rule(AVERAGES, average, "average")
     logp = np.asarray(logp, dtype=np.float64)
     keep = np.asarray(keep, dtype=bool)
-    if average == "geometric":
-        return geometric_p(logp, keep, eps)
-    if average == "arithmetic":
-        return float(np.exp(logp[keep]).mean()) if keep.any() else 1.0
     spans = spans or [(0, len(logp))]
     if any(not 0 <= a < b <= len(logp) for a, b in spans):
         raise ValueError(f"question spans {spans} do not fit {len(logp)} answer tokens")
-    return float(np.mean([geometric_p(logp[a:b], keep[a:b], eps) for a, b in spans]))
+    return rule.fn(logp, keep, spans, eps)
 
 
 def memory_reward(full_logp, mem_logp, tau: float = math.log(0.5), mode: str = "independent",
@@ -100,8 +161,13 @@ def memory_reward(full_logp, mem_logp, tau: float = math.log(0.5), mode: str = "
     answer lies (for per_question), ``floor`` the lowest log-prob a token contributes in mode floor."""
     full_logp = np.asarray(full_logp, dtype=np.float32)
     mem_logp = np.asarray(mem_logp, dtype=np.float32)
-    full_keep, mem_keep = kept_masks(full_logp, mem_logp, tau, mode)
-    if mode == "floor":
-        full_logp, mem_logp = np.maximum(full_logp, floor), np.maximum(mem_logp, floor)
+    full_keep, mem_keep, full_logp, mem_logp = _filtered(full_logp, mem_logp, tau, mode, floor)
     return BlockReward(full_keep, mem_keep, average_p(full_logp, full_keep, average, spans, eps),
                        average_p(mem_logp, mem_keep, average, spans, eps))
+
+
+if __name__ == "__main__":
+    for title, rules in (("scorer.filter_mode", FILTERS), ("scorer.average", AVERAGES)):
+        print(title)
+        for r in rules.values():
+            print(f"  {r.name:14s} {r.description}")

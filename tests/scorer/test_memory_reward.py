@@ -84,12 +84,17 @@ def test_average_and_spans_are_checked():
         memory_reward([-0.1, -0.2], [-0.1, -0.2], TAU, "none", average="per_question", spans=[(0, 3)])
 
 
-def test_every_rule_is_a_config_choice():
-    import typing
-
-    from services.common.config import ScorerConfig
+def test_every_rule_is_a_config_choice_and_an_unknown_one_is_refused():
+    from services.common.config import ConfigError, load_config
     from services.scorer.memory_reward import AVERAGES, FILTERS
 
-    hints = typing.get_type_hints(ScorerConfig)
-    assert typing.get_args(hints["filter_mode"]) == tuple(FILTERS)
-    assert typing.get_args(hints["average"]) == tuple(AVERAGES)
+    for name in FILTERS:
+        assert load_config(None, [f"scorer.filter_mode={name}"]).scorer.filter_mode == name
+    for name in AVERAGES:
+        assert load_config(None, [f"scorer.average={name}"]).scorer.average == name
+    with pytest.raises(ConfigError, match="scorer.average: .*'median' is not one of geometric, per_question"):
+        load_config(None, ["scorer.average=median"])
+    from services.common.config import describe_fields
+
+    helps = {k: h for k, _, h in describe_fields()}
+    assert all(r.description in helps["scorer.filter_mode"] for r in FILTERS.values())  # the help lists every rule
