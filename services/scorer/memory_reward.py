@@ -137,6 +137,12 @@ def _per_question(logp, keep, spans, eps):
     return float(np.mean([geometric_p(logp[a:b], keep[a:b], eps) for a, b in spans]))
 
 
+@average_rule("min_question", "the lowest geometric P over the questions' answers: one lost answer of k costs "
+                              "all of P")
+def _min_question(logp, keep, spans, eps):
+    return min(geometric_p(logp[a:b], keep[a:b], eps) for a, b in spans)
+
+
 @average_rule("arithmetic", "P = mean probability of the counted tokens")
 def _arithmetic(logp, keep, spans, eps):
     return float(np.exp(logp[keep]).mean()) if keep.any() else 1.0

@@ -98,3 +98,14 @@ def test_every_rule_is_a_config_choice_and_an_unknown_one_is_refused():
 
     helps = {k: h for k, _, h in describe_fields()}
     assert all(r.description in helps["scorer.filter_mode"] for r in FILTERS.values())  # the help lists every rule
+
+
+def test_min_question_costs_a_lost_answer_all_of_p():
+    """Two questions: the memory keeps the first answer (log-probs -0.1) and lost the second (-3.0)."""
+    full = np.array([-0.1, -0.1, -0.1, -0.1])
+    mem = np.array([-0.1, -0.1, -3.0, -3.0])
+    spans = [(0, 2), (2, 4)]
+    r = memory_reward(full, mem, mode="none", average="min_question", spans=spans)
+    assert r.p_full == pytest.approx(math.exp(-0.1), rel=1e-6)
+    assert r.p_mem == pytest.approx(math.exp(-3.0), rel=1e-6)  # per_question would give (e^-0.1 + e^-3) / 2
+    assert memory_reward(full, mem, mode="none", average="per_question", spans=spans).p_mem > r.p_mem
