@@ -17,7 +17,7 @@ and full contexts of ``MemoryScorer.score_trajectories``, its continuation
 ``score_trajectories`` itself, which must agree). Two continuations (``scorer.answer_template``'s
 names): ``reference`` (the reference's sentence, which the policy never writes) and ``policy`` (the
 policy's own answering turn, services/common/turn_format.answer_continuation: the default). Rules are
-(filter, average) pairs of services/scorer/memory_reward.py (``RULES``). Per template and
+(filter, average) pairs of services/common/memory_reward.py (``RULES``). Per template and
 filter mode it prints:
   AUC          P(R_mem of a keep block > R_mem of a lose block), ties 1/2, pooled over prompts
                (0.5 = chance); AUC/prompt the mean of each prompt's own AUC; AUC matched only pairs of
@@ -52,7 +52,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TEMPLATES = ("reference", "policy")
-# (filter, average) pairs of services/scorer/memory_reward.py measured: the reference's, then the candidates
+# (filter, average) pairs of services/common/memory_reward.py measured: the reference's, then the candidates
 RULES = (("independent", "geometric"), ("joint", "geometric"), ("none", "geometric"), ("none", "per_question"),
          ("none", "arithmetic"), ("floor", "geometric"), ("floor", "per_question"), ("independent", "per_question"))
 KINDS = ("answer", "bridge", "distractor")
@@ -137,7 +137,7 @@ def check_against_scorer(model, tok, cfg, group, template: str, mine: list[dict]
 
 
 def table_row(blocks: list[dict], template: str, rule: tuple[str, str], cfg) -> dict:
-    from services.scorer.memory_reward import memory_reward
+    from services.common.memory_reward import memory_reward
 
     mode, average = rule
     for b in blocks:

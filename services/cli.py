@@ -14,8 +14,8 @@
     mempo index CORPUS.jsonl OUT_DIR [--backend dense --encoder DIR]       build a retrieval index
     mempo config [CONFIG.yaml] [key=value ...] | --help-fields             resolved config / all fields
 
-`mempo <command> --help` says more. Baselines: algorithm.use_memory_reward=false (MEM1-like),
-rollout.memory_window=full with algorithm.use_memory_reward=false (Search-R1-like).
+`mempo <command> --help` says more. Baselines: `mempo compare --help` lists the registered variants
+(services/pipeline/compare.py VARIANTS) with their overrides.
 """
 
 from __future__ import annotations
@@ -150,7 +150,10 @@ def _compare(argv: list[str]) -> int:
     p = _parser("compare", "The paper's comparison in miniature: from one SFT start, RL with MemPO, MEM1-like "
                            "(no memory reward) and Search-R1-like (full history) for the same steps, then one "
                            "held-out table and plot in <train.run_dir>/compare/.")
-    p.add_argument("--variants", default="", help="comma-separated variants of mempo,mem1,search_r1,mempo_ref (default: mempo,mem1,search_r1)")
+    from services.pipeline.compare import variants_help
+
+    p.add_argument("--variants", default="", help="comma-separated variants (default: those marked default): "
+                   + variants_help())
     a = p.parse_intermixed_args(argv)
     _setup_logging()
     from services.pipeline.compare import compare

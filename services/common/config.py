@@ -25,7 +25,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from services.common.turn_format import answer_continuation
-from services.scorer.memory_reward import AVERAGES, FILTERS  # the reward-rule registries (pure numpy)
+from services.common.memory_reward import AVERAGES, FILTERS  # the reward-rule registries (pure numpy)
 
 # The answer continuation appended to both the memory and the full context when scoring a <mem>
 # block (docs/algorithm.md, section 4). ``{gold}`` is replaced by the gold answer(s). The default is the
@@ -46,10 +46,10 @@ def _answer_template(value: str) -> str:
     return value
 
 def _registered(rules: dict, what: str):
-    """A validator accepting the names of one reward-rule registry (services/scorer/memory_reward.py)."""
+    """A validator accepting the names of one reward-rule registry (services/common/memory_reward.py)."""
     def check(value: str) -> str:
         if value not in rules:
-            raise ValueError(f"{what} {value!r} is not one of {', '.join(rules)} (services/scorer/memory_reward.py)")
+            raise ValueError(f"{what} {value!r} is not one of {', '.join(rules)} (services/common/memory_reward.py)")
         return value
     return check
 
@@ -198,7 +198,7 @@ class SearchConfig(_Section):
 
 class ScorerConfig(_Section):
     tau: float = Field(math.log(0.5), description="Keep an answer token if its log-prob exceeds tau (reference: log 0.5).")
-    filter_mode: Annotated[str, AfterValidator(_registered(FILTERS, "filter mode"))] = Field("none", description="Which answer tokens count, a rule of services/scorer/memory_reward.py FILTERS: " + _rule_names(FILTERS) + ".")
+    filter_mode: Annotated[str, AfterValidator(_registered(FILTERS, "filter mode"))] = Field("none", description="Which answer tokens count, a rule of services/common/memory_reward.py FILTERS: " + _rule_names(FILTERS) + ".")
     average: Annotated[str, AfterValidator(_registered(AVERAGES, "average"))] = Field("per_question", description="How the counted answer tokens become P, a rule of memory_reward.py AVERAGES: " + _rule_names(AVERAGES) + ".")
     logp_floor: float = Field(-5.0, lt=0, description="filter_mode floor: the lowest log-prob one answer token contributes.")
     answer_template: Annotated[str, AfterValidator(_answer_template)] = Field(DEFAULT_ANSWER_TEMPLATE, description="Assistant continuation scored after each context, {gold} standing for the gold answer; 'policy' (default) = the policy's own answering turn (services/common/turn_format.py), 'reference' = the reference's sentence, which the policy never writes.")

@@ -4,14 +4,11 @@
     -> <run_dir>/compare/{mempo,mem1,search_r1}/   one RL run each (metrics, checkpoints, policy)
        <run_dir>/compare/report.md, eval.json, compare.png
 
-Three RL runs with the same steps, seed, prompts and budget, each starting from the same SFT policy
-(``<run_dir>/sft/model``, trained first if missing):
-
-    mempo      memory context (the previous turn only) + memory reward      (defaults)
-    mem1       memory context, no memory reward (MEM1-like)                 algorithm.use_memory_reward=false
-    search_r1  full history, no memory reward (Search-R1-like GRPO)         rollout.memory_window=full + the above
-    mempo_ref  MemPO with the reference's memory reward (only with --variants: scorer.filter_mode=independent,
-               scorer.average=geometric, scorer.answer_template=reference)
+RL runs with the same steps, seed, prompts and budget, each starting from the same SFT policy
+(``<run_dir>/sft/model``, trained first if missing), one per variant of ``VARIANTS`` below (the
+registry: name, title, overrides, whether ``mempo compare`` runs it by default; ``--variants``
+picks others): MemPO, MEM1-like (no memory reward), Search-R1-like (full history), and MemPO with
+the reference's memory reward.
 
 The services stay up between variants: a deployment whose config sections a variant leaves alone
 (services/common/serve_version.py) keeps its replicas, and the SFT start is published to them at
@@ -29,24 +26,54 @@ with the variants' held-out EM and token curves.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.config import MempoConfig, load_config
 
-VARIANTS: dict[str, list[str]] = {
-    "mempo": [],
-    "mem1": ["algorithm.use_memory_reward=false"],
-    "search_r1": ["rollout.memory_window=full", "algorithm.use_memory_reward=false"],
-    # MemPO with the reference's memory reward (its token filter, one geometric mean, its sentence)
-    "mempo_ref": ["scorer.filter_mode=independent", "scorer.average=geometric", "scorer.answer_template=reference"],
-}
-DEFAULT_VARIANTS = ("mempo", "mem1", "search_r1")  # what `mempo compare` runs without --variants
+@dataclass(frozen=True)
+class Variant:
+    """One baseline of ``mempo compare``: the config overrides that make it from the defaults."""
+
+    name: str
+    title: str  # what the README's baseline table calls it
+    overrides: tuple[str, ...]
+    default: bool  # run by `mempo compare` (and `make compare`) without --variants
+
+
+# The registry every list of baselines reads (the CLI's help, `mempo compare`, the README's table,
+# which tests/pipeline/test_compare.py checks against it): a new baseline is one entry here.
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("mempo", "MemPO (memory context + memory reward)", (), True),
+    Variant("mem1", "MEM1-like GRPO (memory context, no memory reward)", ("algorithm.use_memory_reward=false",), True),
+    Variant("search_r1", "Search-R1-like GRPO (full history)",
+            ("rollout.memory_window=full", "algorithm.use_memory_reward=false"), True),
+    Variant("mempo_ref", "MemPO with the reference's memory reward",
+            ("scorer.filter_mode=independent", "scorer.average=geometric", "scorer.answer_template=reference"), False),
+)}
+DEFAULT_VARIANTS = tuple(n for n, v in VARIANTS.items() if v.default)  # what `mempo compare` runs without --variants
+
+
+def baseline_table() -> str:
+    """The README's baseline table, rendered from the registry (tests/pipeline/test_compare.py checks
+    the README holds exactly this)."""
+    rows = ["| run | `mempo compare` name | overrides |", "|---|---|---|"]
+    for v in VARIANTS.values():
+        overrides = f"`{' '.join(v.overrides)}`" if v.overrides else "(defaults)"
+        rows.append(f"| {v.title} | `{v.name}`{'' if v.default else ' (with `--variants`)'} | {overrides} |")
+    return "\n".join(rows)
+
+
+def variants_help() -> str:
+    """One line per registered variant, for ``mempo compare --help``."""
+    return "; ".join(f"{v.name}{' (default)' if v.default else ''}: {' '.join(v.overrides) or 'the defaults'}"
+                     for v in VARIANTS.values())
 
 
 def variant_config(path: str | None, overrides: list[str], name: str, sft: Path) -> MempoConfig:
     base = load_config(path, overrides)
     out = Path(base.train.run_dir) / "compare" / name
-    return load_config(path, overrides + VARIANTS[name] + [f"train.run_dir={out}", f"train.sft_dir={sft}",
+    return load_config(path, overrides + list(VARIANTS[name].overrides) + [f"train.run_dir={out}", f"train.sft_dir={sft}",
                                                           "train.init_from_sft=true"])
 
 

@@ -12,8 +12,8 @@ update (the synchronous loop); with s > 0 it generates up to s steps ahead while
 and the learner's loss corrects for the lag. Every ``train.eval_every`` steps the current policy is
 evaluated on held-out prompts.
 
-Baselines run on the same loop: ``algorithm.use_memory_reward=false`` (memory context without the
-memory reward, MEM1-like) and ``rollout.memory_window=full`` (full history, Search-R1-like).
+Baselines run on the same loop, each a set of config overrides registered in
+services/pipeline/compare.py (``VARIANTS``: MEM1-like, Search-R1-like, ...).
 Running again on the same ``train.run_dir`` resumes from its latest complete checkpoint; Ctrl-C
 (or an error) writes a checkpoint before it exits.
 """

@@ -30,7 +30,7 @@ from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBa
 from services.common.model_io import chat_ids, text_ids
 from services.rollout.token_text import TokenText
 from services.scorer.continuation import Continuation, build_continuation, gold_answers
-from services.scorer.memory_reward import memory_reward
+from services.common.memory_reward import memory_reward
 from services.scorer.packing import Branch, tree_logprobs
 from services.scorer.retention import retention_labels
 

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from services.common.messages import TrajectoryBatch
 from services.scorer.continuation import build_continuation, gold_answers
-from services.scorer.memory_reward import memory_reward
+from services.common.memory_reward import memory_reward
 from services.scorer.packing import naive_logprobs
 from services.scorer.scorer import MemoryScorer
 from services.world.oracle_records import oracle_group

@@ -11,7 +11,7 @@ context (teacher forcing with the current policy):
 Rules are registries: a filter (``FILTERS``, ``@filter_rule``) and an average (``AVERAGES``,
 ``@average_rule``), each a named function with a one-line description; ``scorer.filter_mode`` and
 ``scorer.average`` accept any registered name (docs/extending.md: adding a rule is one function here
-and a test). ``python -m services.scorer.memory_reward`` lists them.
+and a test). ``python -m services.common.memory_reward`` lists them.
 
 Which tokens count is a filter (``FILTERS``): ``independent`` (reference: each side keeps its own
 confident tokens), ``joint`` (a token counts on both sides only if it passes on both), ``none`` (every
