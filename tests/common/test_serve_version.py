@@ -4,7 +4,6 @@ import pytest
 
 from services.common.config import load_config, replica_config
 from services.common.serve_version import SECTIONS, deployment_version, service_slice
-from services.pipeline.compare import VARIANTS
 
 TINY = "deploy/configs/tiny.yaml"
 SERVICES = tuple(SECTIONS)
@@ -26,17 +25,6 @@ def test_a_config_change_the_replicas_see_changes_the_version():
     assert {s for s in SERVICES if a[s] != b[s]} == {"rollout", "learner"}  # Serve redeploys those
     c = versions(["rollout.system_prompt=Answer."])
     assert {s for s in SERVICES if a[s] != c[s]} == {"rollout", "scorer", "learner"}  # the scorer's REST default
-
-
-def test_a_baseline_restarts_only_the_services_whose_sections_it_changes():
-    """What `mempo compare` keeps running between variants (each has its own run_dir)."""
-    base = versions(["train.run_dir=runs/a"])
-    changed = {}
-    for name, overrides in VARIANTS.items():
-        v = versions(overrides + [f"train.run_dir=runs/{name}"])
-        changed[name] = {s for s in SERVICES if v[s] != base[s]}
-    assert changed == {"mempo": {"learner"}, "mem1": {"learner"}, "search_r1": {"rollout", "learner"},
-                       "mempo_ref": {"scorer", "learner"}}
 
 
 def test_the_slice_keeps_only_the_services_sections():

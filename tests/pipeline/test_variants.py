@@ -6,9 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from services.common.config import load_config, replica_config
+from services.common.serve_version import SECTIONS, deployment_version
 from services.pipeline.compare import DEFAULT_VARIANTS, VARIANTS, baseline_table, variant_config, variants_help
 
 ROOT = Path(__file__).resolve().parents[2]
+SERVICES = tuple(SECTIONS)
+
+
+def versions(overrides: list[str]) -> dict[str, str]:
+    config = replica_config(load_config("deploy/configs/tiny.yaml", overrides))
+    return {s: deployment_version(config, s) for s in SERVICES}
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict:
@@ -38,3 +46,14 @@ def test_the_readme_table_and_the_cli_help_come_from_the_registry():
     assert baseline_table() in readme, "README's baseline table is stale: paste services.pipeline.compare.baseline_table()"
     assert all(v.name in variants_help() for v in VARIANTS.values())
     assert DEFAULT_VARIANTS == ("mempo", "mem1", "search_r1")  # what `make compare` runs: the paper's three
+
+
+def test_a_baseline_restarts_only_the_services_whose_sections_it_changes():
+    """What `mempo compare` keeps running between variants (each has its own run_dir)."""
+    base = versions(["train.run_dir=runs/a"])
+    changed = {}
+    for name, variant in VARIANTS.items():
+        v = versions(list(variant.overrides) + [f"train.run_dir=runs/{name}"])
+        changed[name] = {s for s in SERVICES if v[s] != base[s]}
+    assert changed == {"mempo": {"learner"}, "mem1": {"learner"}, "search_r1": {"rollout", "learner"},
+                       "mempo_ref": {"scorer", "learner"}}
