@@ -222,6 +222,7 @@ class AlgorithmConfig(_Section):
     mem_pooling: Literal["prompt", "prompt_turn"] = Field("prompt", description="Pool memory rewards per prompt (reference) or per (prompt, turn index).")
     mem_alpha: float = Field(1.0, description="Weight of A_mem added on <mem> tokens (reference 1).")
     mem_std_floor: float = Field(0.0, ge=0, description="A_mem = (R_mem - mean) / (max(std, mem_std_floor) + mem_eps): a pool whose memory rewards differ by less than the floor gets proportionally small advantages instead of unit-scale noise (0 = the reference's plain normalisation; R_mem lies in [-1, 1]).")
+    outcome_on_mem: bool = Field(True, description="False: the <mem> tokens get no outcome advantage, only alpha * A_mem (the memory is trained by the memory reward alone).")
     use_memory_reward: bool = Field(True, description="False gives MEM1-like GRPO on the memory context (no A_mem).")
     answer_separator: str = Field(";", description="Splits a multi-objective answer into per-question answers.")
 

@@ -67,9 +67,12 @@ class Advantages:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def token_advantage(n_tokens: int, a_out: float, mem_span: tuple[int, int], a_mem: float, alpha: float) -> np.ndarray:
+def token_advantage(n_tokens: int, a_out: float, mem_span: tuple[int, int], a_mem: float, alpha: float,
+                    outcome_on_mem: bool = True) -> np.ndarray:
     adv = np.full(n_tokens, a_out, dtype=np.float32)
     start, end = mem_span
+    if start >= 0 and not outcome_on_mem:
+        adv[start:end] = 0.0
     if start >= 0 and a_mem != 0.0:
         adv[start:end] += np.float32(alpha * a_mem)
     return adv
@@ -103,7 +106,8 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
             for t, turn in enumerate(ep.turns):
                 a_mem = out.a_mem.get((g, e, t), 0.0)
                 out.token_advantages[(g, e, t)] = token_advantage(len(turn.response_ids), out.a_out[(g, e)],
-                                                                  (turn.mem_start, turn.mem_end), a_mem, cfg.mem_alpha)
+                                                                  (turn.mem_start, turn.mem_end), a_mem, cfg.mem_alpha,
+                                                                  cfg.outcome_on_mem)
     n = max(1, len(out.rewards))
     out.metrics = {"reward_mean": sum(out.rewards.values()) / n, "f1_mean": sum(out.f1.values()) / n,
                    "format_ok_share": sum(format_valid(ep) for grp in batch.groups for ep in grp.episodes) / n,

@@ -50,6 +50,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             ("rollout.memory_window=full", "algorithm.use_memory_reward=false"), True),
     Variant("mempo_ref", "MemPO with the reference's memory reward",
             ("scorer.filter_mode=independent", "scorer.average=geometric", "scorer.answer_template=reference"), False),
+    Variant("mem_only", "MemPO, memory tokens trained by the memory reward alone", ("algorithm.outcome_on_mem=false",),
+            False),
 )}
 DEFAULT_VARIANTS = tuple(n for n, v in VARIANTS.items() if v.default)  # what `mempo compare` runs without --variants
 

@@ -150,6 +150,12 @@ def test_token_advantage_differs_from_a_out_only_on_the_mem_span(n, a_out, a_mem
     assert np.allclose(adv[inside], np.float32(a_out) + np.float32(alpha * a_mem), atol=1e-5)
 
 
+def test_outcome_on_mem_off_leaves_the_mem_tokens_only_the_memory_advantage():
+    adv = token_advantage(6, 0.8, (1, 4), a_mem=0.5, alpha=2.0, outcome_on_mem=False)
+    assert adv.tolist() == pytest.approx([0.8, 1.0, 1.0, 1.0, 0.8, 0.8])  # 2 * 0.5 on <mem>, A_out elsewhere
+    assert token_advantage(3, 0.8, (-1, -1), 0.5, 2.0, outcome_on_mem=False).tolist() == pytest.approx([0.8] * 3)
+
+
 def test_share_of_groups_with_reward_variance():
     batch = TrajectoryBatch(groups=[_group(["Kroumia", "Lagav"]), _group(["Lagav", None]), _group(["Kroumia"] * 2)],
                             policy_version=0)
