@@ -91,6 +91,19 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending field(s)."""
 
 
+# Field marks (json_schema_extra), read by fields_marked(): a RUNTIME field may change on running
+# replicas (a Serve user_config, no restart); a RULE field is also runtime and defines the memory
+# reward, so every score echoes it (the REST response, MemoryScoreBatch).
+RUNTIME = {"runtime": True}
+RULE = {"runtime": True, "rule": True}
+
+
+def fields_marked(section: type[BaseModel], mark: str) -> tuple[str, ...]:
+    """The names of a section's fields carrying ``mark`` ("runtime" or "rule"), in declaration order."""
+    return tuple(n for n, f in section.model_fields.items() if isinstance(f.json_schema_extra, dict)
+                 and f.json_schema_extra.get(mark))
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
@@ -174,15 +187,15 @@ class SearchConfig(_Section):
     embedding_model: str = Field("", description="Dense backend: local directory of an e5-style encoder (mean pooling).")
     query_prefix: str = Field("query: ", description="Dense backend: prefix of every query (e5 convention).")
     passage_prefix: str = Field("passage: ", description="Dense backend: prefix of every passage when indexing (e5 convention).")
-    topk: int = Field(3, ge=1, description="Passages per search call (the agent's and the default of a request with topk null).")
-    max_topk: int = Field(50, ge=1, description="Largest topk a request may ask for.")
-    max_queries: int = Field(512, ge=1, description="Most queries in one request.")
-    max_query_chars: int = Field(4096, ge=1, description="Longest query, in characters; a longer one gets 413.")
-    max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger HTTP request bodies get 413.")
+    topk: int = Field(3, ge=1, json_schema_extra=RUNTIME, description="Passages per search call (the agent's and the default of a request with topk null).")
+    max_topk: int = Field(50, ge=1, json_schema_extra=RUNTIME, description="Largest topk a request may ask for.")
+    max_queries: int = Field(512, ge=1, json_schema_extra=RUNTIME, description="Most queries in one request.")
+    max_query_chars: int = Field(4096, ge=1, json_schema_extra=RUNTIME, description="Longest query, in characters; a longer one gets 413.")
+    max_body_bytes: int = Field(1_000_000, ge=1024, json_schema_extra=RUNTIME, description="Larger HTTP request bodies get 413.")
     doc_format: str = Field("Doc {i} (Title: {title}) {text}", description="How one passage is shown to the agent inside <information>.")
     batching: bool = Field(True, description="Batch concurrent requests server-side into one index pass (Serve @serve.batch).")
-    max_batch_size: int = Field(64, ge=1, description="Most requests merged into one index pass.")
-    batch_wait_timeout_s: float = Field(0.005, ge=0, description="How long a batch waits to fill, seconds.")
+    max_batch_size: int = Field(64, ge=1, json_schema_extra=RUNTIME, description="Most requests merged into one index pass.")
+    batch_wait_timeout_s: float = Field(0.005, ge=0, json_schema_extra=RUNTIME, description="How long a batch waits to fill, seconds.")
     replicas: int = Field(1, ge=1, description="Search deployment replicas (fixed count; ignored when autoscaling).")
     autoscaling: bool = Field(False, description="Let Serve scale replicas between min_replicas and max_replicas.")
     min_replicas: int = Field(1, ge=0, description="Autoscaling: fewest replicas.")
@@ -197,18 +210,18 @@ class SearchConfig(_Section):
 
 
 class ScorerConfig(_Section):
-    tau: float = Field(math.log(0.5), description="Keep an answer token if its log-prob exceeds tau (reference: log 0.5).")
-    filter_mode: Annotated[str, AfterValidator(_registered(FILTERS, "filter mode"))] = Field("none", description="Which answer tokens count, a rule of services/common/memory_reward.py FILTERS: " + _rule_names(FILTERS) + ".")
-    average: Annotated[str, AfterValidator(_registered(AVERAGES, "average"))] = Field("per_question", description="How the counted answer tokens become P, a rule of memory_reward.py AVERAGES: " + _rule_names(AVERAGES) + ".")
-    logp_floor: float = Field(-5.0, lt=0, description="filter_mode floor: the lowest log-prob one answer token contributes.")
+    tau: float = Field(math.log(0.5), json_schema_extra=RULE, description="Keep an answer token if its log-prob exceeds tau (reference: log 0.5).")
+    filter_mode: Annotated[str, AfterValidator(_registered(FILTERS, "filter mode"))] = Field("none", json_schema_extra=RULE, description="Which answer tokens count, a rule of services/common/memory_reward.py FILTERS: " + _rule_names(FILTERS) + ".")
+    average: Annotated[str, AfterValidator(_registered(AVERAGES, "average"))] = Field("per_question", json_schema_extra=RULE, description="How the counted answer tokens become P, a rule of memory_reward.py AVERAGES: " + _rule_names(AVERAGES) + ".")
+    logp_floor: float = Field(-5.0, lt=0, json_schema_extra=RULE, description="filter_mode floor: the lowest log-prob one answer token contributes.")
     answer_template: Annotated[str, AfterValidator(_answer_template)] = Field(DEFAULT_ANSWER_TEMPLATE, description="Assistant continuation scored after each context, {gold} standing for the gold answer; 'policy' (default) = the policy's own answering turn (services/common/turn_format.py), 'reference' = the reference's sentence, which the policy never writes.")
     gold_joiner: str = Field("; ", description="Joins the first gold answer of each question when k > 1.")
-    mean_eps: float = Field(1e-8, gt=0, description="Added to the kept-token count in P = exp(sum/count) (reference 1e-8).")
-    token_budget: int = Field(2048, ge=64, description="Most tokens in one packed scoring forward; attention with the dense tree mask costs budget^2, so smaller budgets trade repeated trunk tokens for cheaper attention.")
-    max_request_tokens: int = Field(0, ge=0, description="Token budget of one REST request (both contexts plus both answer continuations); over it gets 413. 0 = the model's positions (min of engine.max_model_len and, for the world model, model.max_position_embeddings); more than that is a config error.")
-    max_queued_requests: int = Field(16, ge=1, description="REST requests a replica holds at once (scoring or waiting); one more gets 503 with Retry-After.")
-    max_concurrent_requests: int = Field(2, ge=1, description="REST requests a replica scores at the same time, so a short one runs beside a long one instead of queueing behind it.")
-    queue_timeout_s: float = Field(5.0, gt=0, description="A REST request that waited this long for a scoring slot (or for a weight update to finish) gets 503 with Retry-After.")
+    mean_eps: float = Field(1e-8, gt=0, json_schema_extra=RUNTIME, description="Added to the kept-token count in P = exp(sum/count) (reference 1e-8).")
+    token_budget: int = Field(2048, ge=64, json_schema_extra=RUNTIME, description="Most tokens in one packed scoring forward; attention with the dense tree mask costs budget^2, so smaller budgets trade repeated trunk tokens for cheaper attention.")
+    max_request_tokens: int = Field(0, ge=0, json_schema_extra=RUNTIME, description="Token budget of one REST request (both contexts plus both answer continuations); over it gets 413. 0 = the model's positions (min of engine.max_model_len and, for the world model, model.max_position_embeddings); more than that is a config error.")
+    max_queued_requests: int = Field(16, ge=1, json_schema_extra=RUNTIME, description="REST requests a replica holds at once (scoring or waiting); one more gets 503 with Retry-After.")
+    max_concurrent_requests: int = Field(2, ge=1, json_schema_extra=RUNTIME, description="REST requests a replica scores at the same time, so a short one runs beside a long one instead of queueing behind it.")
+    queue_timeout_s: float = Field(5.0, gt=0, json_schema_extra=RUNTIME, description="A REST request that waited this long for a scoring slot (or for a weight update to finish) gets 503 with Retry-After.")
     replicas: int = Field(1, ge=1, description="Scorer deployment replicas.")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per scorer replica.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per scorer replica (1 on GPU clusters).")
@@ -493,7 +506,10 @@ def describe_fields(model: type[BaseModel] = MempoConfig, prefix: str = "") -> l
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             rows.extend(describe_fields(ann, f"{prefix}{name}."))
         else:
-            rows.append((f"{prefix}{name}", f.get_default(call_default_factory=True), f.description or ""))
+            runtime = isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("runtime")
+            rows.append((f"{prefix}{name}", f.get_default(call_default_factory=True),
+                         (f.description or "") + (" [runtime: a Serve user_config changes it on running replicas]"
+                                                  if runtime else "")))
     return rows
 
 

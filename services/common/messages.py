@@ -166,8 +166,10 @@ class MemoryScoreBatch:
 
     scores: list[MemoryScore]
     policy_version: int
-    tau: float
+    tau: float  # tau .. logp_floor: the reward's rule (the scorer config's RULE fields), echoed
     filter_mode: str
+    average: str = "geometric"
+    logp_floor: float = -5.0
     step: int = 0
     metrics: dict[str, float] = None  # type: ignore[assignment]
 

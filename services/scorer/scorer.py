@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from services.common.config import MempoConfig
+from services.common.config import MempoConfig, ScorerConfig, fields_marked
 from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch
 from services.common.model_io import chat_ids, text_ids
 from services.rollout.token_text import TokenText
@@ -119,8 +119,12 @@ class MemoryScorer:
                    "model_tokens": float(stats.get("tokens", 0)), "seconds": time.perf_counter() - t0,
                    "p_mem_mean": sum(s.p_mem for s in scores) / n, "p_full_mean": sum(s.p_full for s in scores) / n,
                    "r_mem_mean": sum(s.r_mem for s in scores) / n}
-        return MemoryScoreBatch(scores=scores, policy_version=version, tau=self.cfg.tau,
-                                filter_mode=self.cfg.filter_mode, step=batch.step, metrics=metrics)
+        return MemoryScoreBatch(scores=scores, policy_version=version, step=batch.step, metrics=metrics,
+                                **self.rule())
+
+    def rule(self) -> dict:
+        """The reward's rule as configured (the scorer config's RULE fields): every score echoes it."""
+        return {name: getattr(self.cfg, name) for name in fields_marked(ScorerConfig, "rule")}
 
     def score_pair(self, mem_context: list[int], full_context: list[int], cont: Continuation) -> dict:
         """Score one continuation after two contexts (the REST endpoint's core)."""
@@ -133,4 +137,4 @@ class MemoryScorer:
                 "mem_keep": r.mem_keep.tolist(), "full_keep": r.full_keep.tolist(),
                 "answer_ids": cont.answer_ids,
                 "answer_tokens": [self.tt.token_bytes(i).decode("utf-8", "replace") for i in cont.answer_ids],
-                "tau": self.cfg.tau, "filter_mode": self.cfg.filter_mode, "average": self.cfg.average}
+                **self.rule()}

@@ -12,7 +12,8 @@ HTTP (FastAPI; request and response schemas at /docs):
                   token form {"mem_context_ids": [int], "full_context_ids": [int],
                               "continuation_ids": [int], "answer_span": [start, end]}
                   -> {"p_mem", "p_full", "r_mem", "mem_logprobs", "full_logprobs", "mem_keep",
-                      "full_keep", "answer_ids", "answer_tokens", "policy_version", "tau", "filter_mode", "average"}
+                      "full_keep", "answer_ids", "answer_tokens", "policy_version", "tau", "filter_mode", "average",
+                      "logp_floor"}
     GET|HEAD /health
 Over the token budget (``scorer.max_request_tokens``, never more than the model's positions) or
 the body size it implies -> 413; malformed or inconsistent input -> 422 naming the field (400 for
@@ -41,7 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ray import serve
 
 from services.common.codec import decode, encode
-from services.common.config import MempoConfig, actor_options, replica_config, scorer_token_budget
+from services.common.config import (MempoConfig, ScorerConfig, actor_options, fields_marked, replica_config,
+                                    scorer_token_budget)
 from services.common.http import ERROR_RESPONSES, ErrorBody, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
 from services.common.messages import TrajectoryBatch, WeightUpdate
@@ -95,9 +97,10 @@ class ScoreResponse(BaseModel):
     answer_ids: list[int]
     answer_tokens: list[str]
     policy_version: int
-    tau: float
+    tau: float  # tau .. logp_floor: the reward's rule (ScorerConfig's RULE fields; a test keeps them equal)
     filter_mode: str
     average: str
+    logp_floor: float
 
 
 # before the class: @serve.ingress freezes a copy of the app
@@ -166,12 +169,11 @@ class ScorerService:
             self.version = update.version
         return {"version": update.version, "seconds": time.perf_counter() - t0, "replica": self.replica}
 
-    RUNTIME_FIELDS = ("tau", "filter_mode", "average", "logp_floor", "mean_eps", "token_budget", "max_request_tokens", "max_queued_requests",
-                      "max_concurrent_requests", "queue_timeout_s")
+    RUNTIME_FIELDS = fields_marked(ScorerConfig, "runtime")  # marked in services/common/config.py
 
     async def reconfigure(self, user_config: dict) -> None:
-        """Serve ``user_config``: change scorer.{tau, filter_mode, average, logp_floor, mean_eps, token_budget, max_request_tokens,
-        max_queued_requests, max_concurrent_requests, queue_timeout_s} on the running replicas (no restart)."""
+        """Serve ``user_config``: change the scorer's runtime fields (``RUNTIME_FIELDS``; `mempo config
+        --help-fields` marks them) on the running replicas (no restart)."""
         from services.common.config import updated_section
 
         section = updated_section(self.cfg.scorer, user_config, self.RUNTIME_FIELDS)

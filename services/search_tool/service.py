@@ -34,7 +34,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from ray import serve
 
-from services.common.config import MempoConfig, actor_options, replica_config
+from services.common.config import MempoConfig, SearchConfig, actor_options, fields_marked, replica_config
 from services.common.http import ERROR_RESPONSES, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
 from services.common.serve_version import pinned
@@ -94,12 +94,11 @@ class SearchService:
         self.stats = {"requests": 0, "queries": 0, "index_passes": 0, "max_batch": 0, "bad_requests": 0}
         log.info("search replica ready: %s over %d passages (%.1fs)", self.index.backend, len(self.index), self.load_s)
 
-    RUNTIME_FIELDS = ("topk", "max_topk", "max_queries", "max_query_chars", "max_body_bytes", "max_batch_size",
-                      "batch_wait_timeout_s")
+    RUNTIME_FIELDS = fields_marked(SearchConfig, "runtime")  # marked in services/common/config.py
 
     def reconfigure(self, user_config: dict) -> None:
-        """Serve ``user_config``: change search.{topk, max_topk, max_queries, max_query_chars, max_body_bytes,
-        max_batch_size, batch_wait_timeout_s} on the running replicas (no index reload)."""
+        """Serve ``user_config``: change the search tool's runtime fields (``RUNTIME_FIELDS``; `mempo
+        config --help-fields` marks them) on the running replicas (no index reload)."""
         from services.common.config import updated_section
 
         self.cfg = updated_section(self.cfg, user_config, self.RUNTIME_FIELDS)
