@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -44,6 +45,14 @@ def _answer_template(value: str) -> str:
     if value.count("{gold}") != 1:
         raise ValueError(f"must be {' or '.join(ANSWER_TEMPLATES)}, or a template with {{gold}} exactly once")
     return value
+
+def _group_of_two(n: int) -> int:
+    if n < 2:  # services/learner/advantages.py: a group of one has std 0, so A_out = 0 for every episode
+        raise ValueError("must be at least 2: GRPO normalises each reward within its prompt's group of rollout.n "
+                         "episodes, and a group of one gives every episode an outcome advantage of 0 (nothing to "
+                         "learn from)")
+    return n
+
 
 def _registered(rules: dict, what: str):
     """A validator accepting the names of one reward-rule registry (services/common/memory_reward.py)."""
@@ -157,7 +166,7 @@ class EngineConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    n: int = Field(16, ge=1, description="Rollouts per prompt (the GRPO group size).")
+    n: Annotated[int, AfterValidator(_group_of_two)] = Field(16, description="Rollouts per prompt (the GRPO group size, at least 2).")
     max_turns: int = Field(16, ge=1, description="Maximum assistant turns per episode.")
     memory_window: Union[PositiveInt, Literal["full"]] = Field(1, description="Turns of history the agent sees besides system+question: 1 = MemPO (previous turn only), w = last w turns, 'full' = whole history (Search-R1-like baseline).")
     max_response_tokens: int = Field(512, ge=1, description="Maximum generated tokens per turn.")
@@ -325,7 +334,7 @@ class MempoConfig(_Section):
     def _scorer_budget_fits_the_model(self) -> "MempoConfig":
         positions = model_positions(self)
         if self.scorer.max_request_tokens > positions:
-            raise ValueError(f"scorer.max_request_tokens ({self.scorer.max_request_tokens}) exceeds the model's "
+            raise ValueError(f"scorer.max_request_tokens: {self.scorer.max_request_tokens} exceeds the model's "
                              f"{positions} positions (engine.max_model_len, model.max_position_embeddings)")
         return self
 
@@ -333,14 +342,10 @@ class MempoConfig(_Section):
     def _budgets_and_groups_fit(self) -> "MempoConfig":
         r = self.rollout
         if r.max_context_tokens + r.max_response_tokens > self.engine.max_model_len:
-            raise ValueError(f"rollout.max_context_tokens ({r.max_context_tokens}) + rollout.max_response_tokens "
+            raise ValueError(f"rollout.max_response_tokens: rollout.max_context_tokens ({r.max_context_tokens}) + rollout.max_response_tokens "
                              f"({r.max_response_tokens}) exceeds engine.max_model_len ({self.engine.max_model_len}): "
                              f"a turn near the context limit would get a cut response budget; lower one or raise "
                              f"the engine length")
-        if r.n < 2:  # services/learner/advantages.py: a group of one has std 0, so A_out = 0 for every episode
-            raise ValueError(f"rollout.n ({r.n}) must be at least 2: GRPO normalises each reward within its "
-                             f"prompt's group of rollout.n episodes, and a group of one gives every episode "
-                             f"an outcome advantage of 0 (nothing to learn from)")
         return self
 
 
@@ -358,6 +363,13 @@ def scorer_token_budget(cfg: MempoConfig, loaded_positions: int | None = None) -
     return min(cfg.scorer.max_request_tokens or positions, positions)
 
 
+# Where a check lives: one field's own rule is its validator (it holds wherever the section is built,
+# MempoConfig or the section alone, and pydantic names the field); a rule over several fields sits on
+# the lowest model holding them all (the root for fields of two sections) and starts its message with
+# the field to change, "section.field: why", which becomes that error's location.
+_NAMED = re.compile(r"([a-z_]+(?:\.[a-z_]+)+): (.*)", re.S)
+
+
 def _format_errors(err: ValidationError) -> str:
     """One line per offending field; union alternatives of one field are merged into its line."""
     by_field: dict[str, list[str]] = {}
@@ -366,10 +378,13 @@ def _format_errors(err: ValidationError) -> str:
         loc = ".".join(str(p) for p in e["loc"] if isinstance(p, int) or str(p).isidentifier())
         if e["type"] == "extra_forbidden":
             msg = f"unknown key{_suggest(loc)}"
-        elif not e["loc"]:  # a cross-field check: its message names the fields
+        elif e["type"] == "value_error" and (named := _NAMED.match(e["msg"].removeprefix("Value error, "))):
+            # a cross-field check (on the root, so its location is empty): "section.field: why"
+            loc, msg = ".".join(p for p in (loc, named[1]) if p), named[2]
+        elif not e["loc"]:
             loc, msg = "config", e["msg"].removeprefix("Value error, ")
         else:
-            msg = f"{e['msg']} (got {e.get('input')!r})"
+            msg = f"{e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
         if msg not in by_field.setdefault(loc, []):
             by_field[loc].append(msg)
     lines = [f"{loc}: {' | '.join(msgs)}" for loc, msgs in by_field.items()]

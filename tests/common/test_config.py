@@ -207,8 +207,22 @@ def test_context_and_response_budgets_must_fit_the_engine():
 
 def test_grpo_needs_groups_of_at_least_two():
     assert load_config(None, ["rollout.n=2"]).rollout.n == 2
-    with pytest.raises(ConfigError, match=r"rollout.n \(1\) must be at least 2: GRPO"):
+    with pytest.raises(ConfigError, match=r"rollout.n: must be at least 2: GRPO.*\(got 1\)"):
         load_config(None, ["rollout.n=1"])
+    from pydantic import ValidationError
+
+    from services.common.config import RolloutConfig
+
+    with pytest.raises(ValidationError, match="must be at least 2"):  # the section alone checks it too
+        RolloutConfig(n=1)
+
+
+def test_a_cross_section_check_names_the_field_to_change():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rollout.max_response_tokens=513"])
+    assert str(e.value).splitlines()[1].strip().startswith("rollout.max_response_tokens: rollout.max_context_tokens")
+    with pytest.raises(ConfigError, match=r"scorer.max_request_tokens: 9999 exceeds the model's"):
+        load_config(None, ["scorer.max_request_tokens=9999"])
 
 
 def test_the_scorer_has_its_own_call_retries_and_replicas_do_not_see_them():
@@ -237,7 +251,7 @@ def test_scorer_token_budget_never_exceeds_the_model_positions():
     assert tiny.scorer.max_request_tokens == 0 and scorer_token_budget(tiny) == 2048
     assert scorer_token_budget(tiny, loaded_positions=1024) == 1024  # a loaded model's own limit wins
     assert scorer_token_budget(load_config("deploy/configs/tiny.yaml", ["scorer.max_request_tokens=500"])) == 500
-    with pytest.raises(ConfigError, match=r"scorer.max_request_tokens \(32768\) exceeds the model's 2048 positions"):
+    with pytest.raises(ConfigError, match=r"scorer.max_request_tokens: 32768 exceeds the model's 2048 positions"):
         load_config("deploy/configs/tiny.yaml", ["scorer.max_request_tokens=32768"])
     with pytest.raises(ConfigError, match="4096 positions"):
         load_config(None, ["scorer.max_request_tokens=5000", "engine.max_model_len=8192"])
