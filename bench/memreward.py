@@ -57,6 +57,13 @@ RULES = (("independent", "geometric"), ("joint", "geometric"), ("none", "geometr
          ("none", "arithmetic"), ("floor", "geometric"), ("floor", "per_question"), ("independent", "per_question"))
 KINDS = ("answer", "bridge", "distractor")
 
+
+def all_rules() -> tuple[tuple[str, str], ...]:
+    """Every registered (filter, average) pair: a new rule is measured without editing this file."""
+    from services.common.memory_reward import AVERAGES, FILTERS
+
+    return tuple((f, a) for f in FILTERS for a in AVERAGES)
+
 from services.scorer.retention import auc  # noqa: E402  (P(pos > neg) + ties/2, the retention check's)
 
 
@@ -201,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=2, help="questions per prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="", help="write the table and every block's scores here")
+    ap.add_argument("--rules", default="", help="'all': every (filter, average) pair of the registries in "
+                    "services/common/memory_reward.py; default: the RULES pairs")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -249,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                            "label": lab.label, "kinds": sorted({x.kind for x in lab.lost}),
                            "shown": len(lab.shown), "lost": [[x.kind, x.fact.value, x.replaced_by] for x in lab.lost],
                            "scores": scores})
-    table = [table_row(blocks, name, rule, cfg) for name in temps for rule in RULES]
+    rules = all_rules() if args.rules == "all" else RULES
+    table = [table_row(blocks, name, rule, cfg) for name in temps for rule in rules]
     count = {c: sum(b["label"] == c for b in blocks) for c in ("keep", "lose", "none")}
     kinds = {k: sum(k in b["kinds"] for b in blocks) for k in KINDS}
     print(f"\nmemory-reward bench: policy {path}, {len(rows)} training prompts (k={args.k}) x {args.episodes} oracle "
