@@ -42,7 +42,7 @@ class Variant:
 
 
 # The registry every list of baselines reads (the CLI's help, `mempo compare`, the README's table,
-# which tests/pipeline/test_compare.py checks against it): a new baseline is one entry here.
+# which tests/pipeline/test_variants.py checks against it): a new baseline is one entry here.
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("mempo", "MemPO (memory context + memory reward)", (), True),
     Variant("mem1", "MEM1-like GRPO (memory context, no memory reward)", ("algorithm.use_memory_reward=false",), True),
@@ -57,7 +57,7 @@ DEFAULT_VARIANTS = tuple(n for n, v in VARIANTS.items() if v.default)  # what `m
 
 
 def baseline_table() -> str:
-    """The README's baseline table, rendered from the registry (tests/pipeline/test_compare.py checks
+    """The README's baseline table, rendered from the registry (tests/pipeline/test_variants.py checks
     the README holds exactly this)."""
     rows = ["| run | `mempo compare` name | overrides |", "|---|---|---|"]
     for v in VARIANTS.values():

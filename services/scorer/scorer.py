@@ -36,6 +36,8 @@ from services.scorer.retention import retention_labels
 
 log = logging.getLogger("mempo.scorer")
 
+RULE_FIELDS = fields_marked(ScorerConfig, "rule")  # the reward's rule: every score echoes these
+
 
 def text_contexts(tokenizer, system: str, questions: list[str], memory: str,
                   history: list[dict]) -> tuple[list[int], list[int]]:
@@ -124,7 +126,7 @@ class MemoryScorer:
 
     def rule(self) -> dict:
         """The reward's rule as configured (the scorer config's RULE fields): every score echoes it."""
-        return {name: getattr(self.cfg, name) for name in fields_marked(ScorerConfig, "rule")}
+        return {name: getattr(self.cfg, name) for name in RULE_FIELDS}
 
     def score_pair(self, mem_context: list[int], full_context: list[int], cont: Continuation) -> dict:
         """Score one continuation after two contexts (the REST endpoint's core)."""
