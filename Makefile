@@ -37,11 +37,11 @@ run: $(STAMP)
 	$(MEMPO) eval $(CONFIG) $(ARGS) --report
 
 # The paper's comparison in miniature: MemPO vs MEM1-like vs Search-R1-like RL from the same SFT start
-# (<train.run_dir>/compare/report.md and compare.png).
+# (<train.run_dir>/compare/report.md and compare.png). SEEDS=3 trains each variant at 3 seeds; VARIANTS=mempo,mem1,search_r1:1 picks them.
 compare: $(STAMP)
 	$(MEMPO) world build $(CONFIG) $(ARGS)
 	$(MEMPO) sft $(CONFIG) $(ARGS)
-	$(MEMPO) compare $(CONFIG) $(ARGS)
+	$(MEMPO) compare $(CONFIG) $(ARGS) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(VARIANTS),--variants $(VARIANTS))
 
 bench: $(STAMP)
 	$(PY) bench/codec.py

@@ -152,8 +152,11 @@ def _compare(argv: list[str]) -> int:
                            "held-out table and plot in <train.run_dir>/compare/.")
     from services.pipeline.compare import variants_help
 
-    p.add_argument("--variants", default="", help="comma-separated variants (default: those marked default): "
-                   + variants_help())
+    p.add_argument("--variants", default="", help="comma-separated variants, NAME or NAME:SEEDS to run that one at "
+                   "fewer seeds (default: those marked default): " + variants_help())
+    p.add_argument("--seeds", type=int, default=1, help="train each variant at this many seeds (train.seed, +1, ...): "
+                   "runs go in <run_dir>/compare/<variant>-s<seed>/, the report pairs them per seed and averages over "
+                   "seeds; a stopped comparison resumes with the same command")
     a = p.parse_intermixed_args(argv)
     _setup_logging()
     from services.pipeline.compare import compare
@@ -161,7 +164,7 @@ def _compare(argv: list[str]) -> int:
     path, overrides = _split(a.args)
     _load(a.args)  # fail on a bad key before anything starts
     try:
-        compare(path, overrides, [v.strip() for v in a.variants.split(",") if v.strip()] or None)
+        compare(path, overrides, a.variants or None, a.seeds)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -3,6 +3,8 @@
     mempo compare deploy/configs/tiny.yaml [key=value ...]      # or: make compare
     -> <run_dir>/compare/{mempo,mem1,search_r1}/   one RL run each (metrics, checkpoints, policy)
        <run_dir>/compare/report.md, eval.json, compare.png
+    mempo compare CONFIG --seeds 3 --variants mempo,mem1,search_r1:1   # or: make compare SEEDS=3
+    -> <run_dir>/compare/mempo-s0/ ... mem1-s2/, search_r1-s0/          (train.seed, +1, +2; ':1' caps a variant)
 
 RL runs with the same steps, seed, prompts and budget, each starting from the same SFT policy
 (``<run_dir>/sft/model``, trained first if missing), one per variant of ``VARIANTS`` below (the
@@ -19,8 +21,12 @@ start-up seconds per service and the replicas that served it.
 Each variant is evaluated on the same held-out prompts (``eval.questions_per_k`` per k, greedy) by
 the pipeline it trained on, so it runs under its own context rule; the SFT start is evaluated once
 under MemPO's rule. The report gives EM with its 95% CI, F1, turns, total tokens (TT) and peak
-tokens (PT) per k, each variant's EM change against the start (paired bootstrap), and one plot
-with the variants' held-out EM and token curves.
+tokens (PT) per k, each variant's EM change against the start (paired bootstrap), the first
+variant against each other one (paired per prompt at the same seed), and one plot with the
+variants' held-out EM and token curves. With several seeds (``--seeds``), the runs go seed by seed
+(every variant of a seed, then the next seed), each paired difference is also given averaged over
+the seeds (per prompt, then bootstrapped over prompts), and a run already complete in its folder is
+resumed, not redone: the same command continues a comparison that was stopped.
 """
 
 from __future__ import annotations
@@ -72,25 +78,87 @@ def variants_help() -> str:
                      for v in VARIANTS.values())
 
 
-def variant_config(path: str | None, overrides: list[str], name: str, sft: Path) -> MempoConfig:
+@dataclass(frozen=True)
+class Run:
+    """One RL run of a comparison: a variant at one seed."""
+
+    variant: str
+    seed: int
+    label: str  # its name in tables: the variant's, or "<variant>@s<seed>" when the comparison has several seeds
+    folder: str  # under <run_dir>/compare/
+
+
+def parse_variants(spec: str) -> list[tuple[str, int | None]]:
+    """``mempo,mem1,search_r1:1`` -> [(name, most seeds or None)]; unknown names fail with the choices."""
+    out = []
+    for item in (x.strip() for x in spec.split(",")):
+        if not item:
+            continue
+        name, _, cap = item.partition(":")
+        if name not in VARIANTS:
+            raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
+        if cap and not (cap.isdigit() and int(cap) >= 1):
+            raise ValueError(f"variant {item!r}: the seed count after ':' must be a whole number >= 1")
+        if name in (n for n, _ in out):
+            raise ValueError(f"variant {name!r} given twice")
+        out.append((name, int(cap) if cap else None))
+    return out
+
+
+def plan_runs(variants: list[tuple[str, int | None]], first_seed: int, seeds: int) -> list[Run]:
+    """The runs in the order they train: seed by seed, each seed's variants in the order given, a
+    variant with a cap only at its first ``cap`` seeds. One seed keeps the plain layout (``compare/<name>``)."""
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    runs = []
+    for i in range(seeds):
+        for name, cap in variants:
+            if cap is None or i < cap:
+                seed = first_seed + i
+                runs.append(Run(name, seed, *((name, name) if seeds == 1 else (f"{name}@s{seed}", f"{name}-s{seed}"))))
+    return runs
+
+
+def variant_config(path: str | None, overrides: list[str], run: Run, sft: Path) -> MempoConfig:
     base = load_config(path, overrides)
-    out = Path(base.train.run_dir) / "compare" / name
-    return load_config(path, overrides + list(VARIANTS[name].overrides) + [f"train.run_dir={out}", f"train.sft_dir={sft}",
-                                                          "train.init_from_sft=true"])
+    out = Path(base.train.run_dir) / "compare" / run.folder
+    return load_config(path, overrides + list(VARIANTS[run.variant].overrides) + [
+        f"train.run_dir={out}", f"train.sft_dir={sft}", "train.init_from_sft=true", f"train.seed={run.seed}"])
 
 
-def compare(path: str | None, overrides: list[str], variants: list[str] | None = None) -> dict[str, Path]:
+def seed_tables(plan: list[Run], runs: dict) -> str:
+    """Each variant's EM change against the SFT start and the first variant against each other one,
+    at every seed they share and, with several seeds, averaged over them (report.pairs_table)."""
+    from services.pipeline.report import pairs_table
+
+    by_variant: dict[str, dict[int, str]] = {}
+    for r in plan:
+        by_variant.setdefault(r.variant, {})[r.seed] = r.label
+    names = list(by_variant)
+    against_start = [[("sft", label) for label in by_variant[n].values()] for n in names]
+    first = by_variant[names[0]]
+    head_to_head = [[(other[s], first[s]) for s in first if s in other]
+                    for other in (by_variant[n] for n in names[1:])]
+    text = ["## EM against the SFT start, per seed and averaged over seeds (paired per prompt)", "",
+            pairs_table(runs, against_start)]
+    if any(head_to_head):
+        text += ["", f"## {names[0]} against each other variant (paired per prompt, same seed; the mean over "
+                     "seeds averages each prompt's differences, its CI is over prompts only)", "",
+                 pairs_table(runs, [p for p in head_to_head if p])]
+    return "\n".join(text)
+
+
+def compare(path: str | None, overrides: list[str], variants: str | list[str] | None = None,
+            seeds: int = 1) -> dict[str, Path]:
     from services.pipeline.evaluate import eval_prompts, run_eval
-    from services.pipeline.report import delta_table, markdown_table
+    from services.pipeline.report import markdown_table
     from services.pipeline.sft import run_sft, sft_dir
     from services.pipeline.train import train
     from services.world.build import prepare_world
 
-    names = variants or list(DEFAULT_VARIANTS)
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    spec = ",".join(variants) if isinstance(variants, list) else variants
     base = load_config(path, overrides)
+    plan = plan_runs(parse_variants(spec or ",".join(DEFAULT_VARIANTS)), base.train.seed, seeds)
     sft = sft_dir(base)
     if not (sft / "config.json").is_file():
         run_sft(base)
@@ -98,17 +166,17 @@ def compare(path: str | None, overrides: list[str], variants: list[str] | None =
     prompts = eval_prompts(prepare_world(base), base.eval.questions_per_k)
     runs, startup, pipe = {}, {}, None
     try:
-        for i, name in enumerate(names):
+        for i, run in enumerate(plan):
             if pipe is not None:  # kept replicas get the start a fresh one would load (model.path, version 0)
                 pipe.publish_model(str(sft), version=0)
-            cfg = variant_config(path, overrides, name, sft)
-            pipe = train(cfg)["pipeline"]
-            startup[name] = {"start_s": pipe.start_s, "replicas": pipe.replica_names()}
+            cfg = variant_config(path, overrides, run, sft)
+            pipe = train(cfg)["pipeline"]  # resumes a run its folder already holds (returns at once when complete)
+            startup[run.label] = {"start_s": pipe.start_s, "replicas": pipe.replica_names()}
             if i == 0:  # the common start, under the first variant's context rule
                 pipe.publish_model(str(sft), version=10_000)
                 runs["sft"] = run_eval(cfg, pipe, prompts)
                 pipe.publish_model(str(Path(cfg.train.run_dir) / "policy"), version=10_001)
-            runs[name] = run_eval(cfg, pipe, prompts)
+            runs[run.label] = run_eval(cfg, pipe, prompts)
     finally:
         if pipe is not None:
             pipe.shutdown()
@@ -116,18 +184,19 @@ def compare(path: str | None, overrides: list[str], variants: list[str] | None =
     results = {name: run.table() for name, run in runs.items()}
     paths = {"report": out_dir / "report.md", "eval": out_dir / "eval.json", "plot": out_dir / "compare.png"}
     paths["eval"].write_text(json.dumps({n: {str(k): v for k, v in t.items()} for n, t in results.items()}, indent=1))
-    plot_compare({n: out_dir / n / "metrics.jsonl" for n in names}, paths["plot"])
-    steps = base.train.steps
+    plot_compare({r.label: out_dir / r.folder / "metrics.jsonl" for r in plan}, paths["plot"])
+    steps, seed_list = base.train.steps, sorted({r.seed for r in plan})
     text = ["# mempo compare", "",
-            f"Same SFT start, {steps} RL steps each, seed {base.train.seed}; {base.eval.questions_per_k} held-out "
+            f"Same SFT start, {steps} RL steps each, seed(s) {', '.join(map(str, seed_list))}; "
+            f"{base.eval.questions_per_k} held-out "
             "prompts per k, one greedy episode each. TT = total tokens per task, PT = peak tokens of one turn.", "",
-            markdown_table(results), "", "## EM against the SFT start (paired bootstrap over prompts)", "",
-            delta_table(runs), "", "![held-out EM and tokens per variant](compare.png)", "",
+            markdown_table(results), "", seed_tables(plan, runs), "",
+            "![held-out EM and tokens per variant](compare.png)", "",
             "## Start-up seconds per service (a kept service only checks its version)", "",
             startup_table(startup), ""]
     paths["report"].write_text("\n".join(text))
     print(markdown_table(results), flush=True)
-    print(delta_table(runs), flush=True)
+    print(seed_tables(plan, runs), flush=True)
     print("report: " + ", ".join(str(p) for p in paths.values()), flush=True)
     return paths
 

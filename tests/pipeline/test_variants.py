@@ -8,7 +8,8 @@ import pytest
 
 from services.common.config import load_config, replica_config
 from services.common.serve_version import SECTIONS, deployment_version
-from services.pipeline.compare import DEFAULT_VARIANTS, VARIANTS, baseline_table, variant_config, variants_help
+from services.pipeline.compare import (DEFAULT_VARIANTS, VARIANTS, Run, baseline_table, parse_variants, plan_runs,
+                                      seed_tables, variant_config, variants_help)
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = tuple(SECTIONS)
@@ -32,8 +33,9 @@ def _leaves(tree: dict, prefix: str = "") -> dict:
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_a_variant_changes_only_what_its_overrides_name(name, tmp_path):
     sft = tmp_path / "sft"
-    base = _leaves(variant_config("deploy/configs/tiny.yaml", [f"train.run_dir={tmp_path}"], "mempo", sft).model_dump())
-    cfg = variant_config("deploy/configs/tiny.yaml", [f"train.run_dir={tmp_path}"], name, sft)
+    base = _leaves(variant_config("deploy/configs/tiny.yaml", [f"train.run_dir={tmp_path}"],
+                                  Run("mempo", 0, "mempo", "mempo"), sft).model_dump())
+    cfg = variant_config("deploy/configs/tiny.yaml", [f"train.run_dir={tmp_path}"], Run(name, 0, name, name), sft)
     mine = _leaves(cfg.model_dump())
     changed = {k for k in mine if mine[k] != base[k]} - {"train.run_dir"}
     assert changed <= {o.split("=", 1)[0] for o in VARIANTS[name].overrides}, changed
@@ -66,3 +68,41 @@ def test_a_baseline_restarts_only_the_services_whose_sections_it_changes():
     # the paper's comparison: MEM1-like keeps every replica but the learner's
     mem1 = versions(list(VARIANTS["mem1"].overrides) + ["train.run_dir=runs/mem1"])
     assert {s for s in SERVICES if mem1[s] != base[s]} == {"learner"}
+
+
+def test_seeds_plan_runs_seed_by_seed_with_per_variant_caps(tmp_path):
+    plan = plan_runs(parse_variants("mempo, mem1,search_r1:1"), first_seed=3, seeds=2)
+    assert [(r.variant, r.seed, r.label, r.folder) for r in plan] == [
+        ("mempo", 3, "mempo@s3", "mempo-s3"), ("mem1", 3, "mem1@s3", "mem1-s3"),
+        ("search_r1", 3, "search_r1@s3", "search_r1-s3"), ("mempo", 4, "mempo@s4", "mempo-s4"),
+        ("mem1", 4, "mem1@s4", "mem1-s4")]
+    one = plan_runs(parse_variants("mempo,mem1"), first_seed=0, seeds=1)
+    assert [(r.label, r.folder) for r in one] == [("mempo", "mempo"), ("mem1", "mem1")]  # the one-seed layout
+    cfg = variant_config("deploy/configs/tiny.yaml", [f"train.run_dir={tmp_path}"], plan[-1], tmp_path / "sft")
+    assert cfg.train.seed == 4 and cfg.train.run_dir == str(tmp_path / "compare" / "mem1-s4")
+    for bad, why in (("mempo,nope", "unknown variant 'nope'"), ("mempo:0", "whole number >= 1"),
+                     ("mem1,mem1", "given twice"), ("mem1:x", "whole number")):
+        with pytest.raises(ValueError, match=why):
+            parse_variants(bad)
+    with pytest.raises(ValueError, match="--seeds must be >= 1"):
+        plan_runs(parse_variants("mempo"), 0, 0)
+
+
+def test_seed_tables_pair_each_seed_and_average_over_the_seeds_a_variant_shares():
+    from services.pipeline.evaluate import EvalRun
+
+    def run(ems):
+        r = EvalRun()
+        r.episodes[1] = [{"uid": f"p{i}", "em": em} for i, em in enumerate(ems)]
+        return r
+
+    plan = plan_runs(parse_variants("mempo,mem1,search_r1:1"), first_seed=0, seeds=2)
+    runs = {"sft": run([0.0] * 10), "mempo@s0": run([1.0] * 5 + [0.0] * 5), "mem1@s0": run([1.0] * 3 + [0.0] * 7),
+            "search_r1@s0": run([1.0] * 1 + [0.0] * 9), "mempo@s1": run([1.0] * 3 + [0.0] * 7),
+            "mem1@s1": run([1.0] * 2 + [0.0] * 8)}
+    text = seed_tables(plan, runs)
+    assert "| mempo@s0 - sft | all | +0.500 |" in text and "| mean of mempo@s0 - sft / mempo@s1 - sft | all | +0.400 |" in text
+    assert "| mempo@s0 - mem1@s0 | 1 | +0.200 |" in text and "| mempo@s1 - mem1@s1 | all | +0.100 |" in text
+    assert "| mean of mempo@s0 - mem1@s0 / mempo@s1 - mem1@s1 | all | +0.150 |" in text  # per prompt over seeds
+    assert "| mempo@s0 - search_r1@s0 | all | +0.400 |" in text  # one shared seed: no mean row for it
+    assert "mean of mempo@s0 - search_r1" not in text
