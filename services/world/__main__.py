@@ -3,6 +3,8 @@
     python -m services.world build [CONFIG.yaml] [key=value ...] [--force]   build (or reuse) it
     python -m services.world show  [CONFIG.yaml] [key=value ...]             summary + a sample
     python -m services.world path  [CONFIG.yaml] [key=value ...]             print its directory
+    python -m services.world lengths [CONFIG.yaml] [key=value ...]          oracle episode tokens per k
+                                                                             (services/world/lengths.py)
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from services.common.config import ConfigError, load_config
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("build", "show", "path"):
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("build", "show", "path", "lengths"):
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     cmd, rest = argv[0], argv[1:]
@@ -38,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     manifest = load_manifest(out)
     print(f"world: {out}")
     print(json.dumps({k: manifest[k] for k in ("counts", "oracle_em", "build_s", "timings_s")}, indent=1))
+    if cmd == "lengths":
+        from services.world.lengths import lengths_table, oracle_lengths
+
+        print("\noracle episodes on the held-out prompts (perfect behaviour), tokens:\n")
+        print(lengths_table(oracle_lengths(cfg, out), cfg))
     if cmd == "show":
         import pandas as pd
 
