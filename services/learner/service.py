@@ -120,10 +120,11 @@ class LearnerService:
 
     def _step(self, traj_refs: list, score_refs: list, max_staleness: int = 0) -> dict:
         from services.learner.advantages import compute_advantages
+        from services.learner.group_samples import group_records
         from services.learner.samples import pack, turn_samples
 
         t0 = time.perf_counter()
-        samples, adv_metrics, trajs, score_batches = [], [], [], []
+        samples, adv_metrics, trajs, score_batches, shown = [], [], [], [], []
         stale_scores = stale_samples = 0
         for i, ref in enumerate(traj_refs):
             traj = decode(self._fetch(ref, f"trajectory batch {i}"), TrajectoryBatch)
@@ -137,6 +138,7 @@ class LearnerService:
                 stale_scores += 1
                 scores = None
             adv = compute_advantages(traj, scores, self.cfg.algorithm)
+            shown += group_records(traj, scores, adv, self.cfg.train.sample_groups - len(shown))  # for mempo view
             turns = turn_samples(traj, adv, first_group=sum(len(t.groups) for t in trajs))
             fresh = [x for x in turns if self._fresh(x.version, max_staleness)]
             samples += fresh
@@ -169,6 +171,7 @@ class LearnerService:
                        prompt_groups=sum(len(t.groups) for t in trajs),
                        prompt_groups_unique=len({g.prompt.uid for t in trajs for g in t.groups}),
                        stale_score_batches=float(stale_scores), stale_samples_dropped=float(stale_samples), **stages)
+        metrics["groups"] = shown  # not a metric: the driver writes it to groups.jsonl
         return metrics
 
     def _fresh(self, version: int, max_staleness: int) -> bool:

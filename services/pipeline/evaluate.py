@@ -59,6 +59,12 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
+def decoder(cfg: MempoConfig):
+    """``decode(ids) -> text`` with the policy's tokenizer (special tokens left out)."""
+    tok = _tokenizer(str(model_path(cfg)))
+    return lambda ids: tok.decode(ids, skip_special_tokens=True)
+
+
 @dataclass
 class EvalRun:
     """Everything one evaluation pass produced, per k: episode rows (in prompt order, so two
@@ -90,8 +96,7 @@ def _mean(values: list[float]) -> float:
 
 
 def run_eval(cfg: MempoConfig, pipe, prompts: dict[int, list[Prompt]], step: int = 0, search: bool = True) -> EvalRun:
-    tok = _tokenizer(str(model_path(cfg)))
-    dec = (lambda ids: tok.decode(ids, skip_special_tokens=True))
+    dec = decoder(cfg)
     ordered = [p for k in sorted(prompts) for p in prompts[k]]
     batch = PromptBatch(prompts=ordered, n=1, policy_version=step, step=step, seed=cfg.train.seed + 7919,
                         temperature=cfg.eval.temperature, search=search)
@@ -128,8 +133,11 @@ def _sample(prompt: Prompt, ep, row: dict, dec, by_turn: dict, g: int, e: int) -
     turns = []
     for t, turn in enumerate(ep.turns):
         s = by_turn.get((g, e, t))
-        turns.append({"response": dec(turn.response_ids.tolist()), "observation": dec(turn.observation_ids.tolist()),
-                      "problems": list(turn.problems),
+        ids = turn.response_ids.tolist()
+        start, end = (turn.mem_start, turn.mem_end) if turn.mem_start >= 0 else (0, 0)
+        turns.append({"response": dec(ids), "before": dec(ids[:start]), "mem": dec(ids[start:end]),
+                      "after": dec(ids[end:]), "observation": dec(turn.observation_ids.tolist()),
+                      "problems": list(turn.problems), "action": turn.action,
                       "memory_reward": None if s is None else _block(s, dec)})
     return {"uid": prompt.uid, "question": prompt.messages[-1].content, "golds": prompt.golds,
             "answer": ep.answer, "em": row["em"], "finish": ep.finish_reason, "turns": turns}

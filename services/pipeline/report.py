@@ -140,25 +140,41 @@ def samples_markdown(runs: dict) -> str:
     return "\n".join(out)
 
 
+# The run's curves, said once for curves.png and `mempo view`: (title, row kind, [(metric key, label)]);
+# the key "k*/em" stands for every per-k held-out EM the rows hold.
+CURVES = (
+    ("outcome reward (train)", "train", (("reward_mean", "reward"), ("groups_with_variance", "groups with reward variance"))),
+    ("held-out EM", "eval", (("em", "mean over k"), ("k*/em", ""))),
+    ("R_mem (train)", "train", (("scorer/r_mem_mean", "mean"), ("mem_pool_std_mean", "std within a prompt's pool"))),
+    ("P_mem and P_full (train)", "train", (("scorer/p_mem_mean", "P_mem"), ("scorer/p_full_mean", "P_full"))),
+    ("does R_mem track retention? (train)", "train", (("scorer/retained_share", "memories keeping every shown answer"),
+                                                     ("scorer/retention_auc", "AUC of R_mem, keeping > losing"))),
+    ("peak tokens per turn (train)", "train", (("rollout/peak_tokens_mean", "mean"), ("rollout/peak_tokens_max", "max"))),
+    ("turns per episode (train)", "train", (("rollout/turns_mean", "turns"),)),
+)
+
+
+def curve_series(rows: dict[str, list[dict]]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """CURVES made concrete for ``rows`` ({"train": [...], "eval": [...]}): (title, [(key, label)]) with
+    the per-k keys expanded."""
+    out = []
+    for title, kind, series in CURVES:
+        concrete = []
+        for key, label in series:
+            if key == "k*/em":
+                concrete += [(k, k.split("/")[0]) for k in sorted({k for r in rows[kind] for k in r
+                                                                   if k.startswith("k") and k.endswith("/em")})]
+            else:
+                concrete.append((key, label))
+        out.append((title, kind, concrete))
+    return out
+
+
 def plot_curves(metrics_path: Path, out: Path) -> Path | None:
-    train = read_rows(metrics_path, "train")
-    evals = read_rows(metrics_path, "eval")
-    if not train and not evals:
+    rows = {"train": read_rows(metrics_path, "train"), "eval": read_rows(metrics_path, "eval")}
+    if not rows["train"] and not rows["eval"]:
         return None
-    panels = [
-        ("outcome reward (train)", [("reward_mean", train, "reward"),
-                                    ("groups_with_variance", train, "groups with reward variance")]),
-        ("held-out EM", [("em", evals, "mean over k")] + [
-            (k, evals, k.split("/")[0]) for k in sorted({k for r in evals for k in r if k.endswith("/em")})]),
-        ("R_mem (train)", [("scorer/r_mem_mean", train, "mean"),
-                           ("mem_pool_std_mean", train, "std within a prompt's pool")]),
-        ("P_mem and P_full (train)", [("scorer/p_mem_mean", train, "P_mem"), ("scorer/p_full_mean", train, "P_full")]),
-        ("does R_mem track retention? (train)", [("scorer/retained_share", train, "memories keeping every shown answer"),
-                                                 ("scorer/retention_auc", train, "AUC of R_mem, keeping > losing")]),
-        ("peak tokens per turn (train)", [("rollout/peak_tokens_mean", train, "mean"),
-                                          ("rollout/peak_tokens_max", train, "max")]),
-        ("turns per episode (train)", [("rollout/turns_mean", train, "turns")]),
-    ]
+    panels = [(title, [(key, rows[kind], label) for key, label in series]) for title, kind, series in curve_series(rows)]
     return draw_panels(panels, out, rows=2, figsize=(14, 7.5))
 
 
@@ -189,8 +205,8 @@ def draw_panels(panels: list, out: Path, rows: int = 1, figsize=(15, 4.2)) -> Pa
 def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes: str = "", runs: dict | None = None,
                  controls: dict[str, dict[int, dict]] | None = None,
                  pairs: list[list[tuple[str, str]]] | None = None) -> dict[str, Path]:
-    """report.md (+ eval.json, curves.png, and, when ``runs`` holds the EvalRuns, samples.md and
-    episodes.jsonl: one row per policy and prompt, for paired comparisons made later)."""
+    """report.md (+ eval.json, curves.png, and, when ``runs`` holds the EvalRuns, samples.md with
+    samples.json, and episodes.jsonl: one row per policy and prompt, for paired comparisons made later)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = {"eval": run_dir / "eval.json", "report": run_dir / "report.md"}
@@ -213,6 +229,9 @@ def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes
     if runs:
         paths["samples"] = run_dir / "samples.md"
         paths["samples"].write_text(samples_markdown(runs))
+        paths["samples_json"] = run_dir / "samples.json"  # the same episodes as data, for `mempo view`
+        paths["samples_json"].write_text(json.dumps({name: {str(k): v for k, v in run.samples.items()}
+                                                     for name, run in runs.items()}))
         paths["episodes"] = run_dir / "episodes.jsonl"
         paths["episodes"].write_text("".join(
             json.dumps({"policy": name, "k": k, "uid": r["uid"], "em": r["em"], "f1": r["f1"]}) + "\n"

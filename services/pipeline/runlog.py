@@ -6,6 +6,8 @@
 
 Row: {"kind": "train"|"eval"|"sft", "step": int, "time": unix seconds, <metric>: float, ...}.
 TensorBoard tags are ``<kind>/<metric>``. Console lines show a handful of headline metrics.
+``log.write_groups(step, groups)`` appends a step's sampled training groups (decoded, for ``mempo
+view``) to groups.jsonl, one line per group, with the same resume rule.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ class RunLog:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.groups_path = self.dir / "groups.jsonl"
+        for path in (self.path, self.groups_path):
+            kept = [r for r in read_rows(path) if r.get("step", 0) <= resume_step]
+            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         self.tb = None
         if tensorboard:
             try:
@@ -72,6 +76,12 @@ class RunLog:
             parts = [f"{k.split('/')[-1]}={row[k]:.3g}" for k in keys]
             tqdm.write(f"[{kind} {step}] " + " ".join(parts))
         return row
+
+    def write_groups(self, step: int, groups: list[dict]) -> None:
+        """One line per sampled training group of ``step`` (services/learner/group_samples.py)."""
+        if groups:
+            with open(self.groups_path, "a") as f:
+                f.write("".join(json.dumps({"step": int(step), **g}) + "\n" for g in groups))
 
     def close(self) -> None:
         if self.tb is not None:

@@ -31,7 +31,8 @@ from services.common.data import PromptStream, load_prompts
 from services.common.paths import data_path
 from services.pipeline.ahead import Generated, RolloutsAhead
 from services.pipeline.apps import Pipeline
-from services.pipeline.evaluate import eval_prompts, evaluate, flatten
+from services.learner.group_samples import decoded_group
+from services.pipeline.evaluate import decoder, eval_prompts, evaluate, flatten
 from services.pipeline.runlog import RunLog
 from services.pipeline.sft import sft_dir
 from services.world.build import prepare_world
@@ -74,6 +75,7 @@ def train(cfg: MempoConfig) -> dict:
     held_out = eval_prompts(cfg, cfg.eval.during_training_per_k)
     step = pipe.learner.info()["step"]  # > 0 when the learner resumed a checkpoint
     log = RunLog(run_dir, resume_step=step)
+    decode = decoder(cfg)  # for the sampled training groups (groups.jsonl, read by `mempo view`)
     if step == 0:
         log.write("eval", 0, flatten(evaluate(cfg, pipe, held_out, step=0)))  # the starting policy
     bar = tqdm(total=cfg.train.steps, initial=step, desc="mempo train", unit="step", dynamic_ncols=True)
@@ -92,6 +94,7 @@ def train(cfg: MempoConfig) -> dict:
                          weights_republished=float(pipe.republished),
                          **{f"{s}_replica_wait_s": w.waited_s for s, w in pipe.watches.items()},
                          nodes_alive=float(sum(n["Alive"] for n in ray.nodes())))
+            log.write_groups(step, [decoded_group(g, decode) for g in stats.pop("groups", [])])
             log.write("train", step, stats)
             bar.update(1)
             if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
