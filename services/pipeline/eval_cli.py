@@ -81,6 +81,9 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool, pair_specs: list[
         print(pairs_table(runs, pairs), flush=True)
     if report:
         paths = write_report(cfg.train.run_dir, results, runs=runs, controls=controls, pairs=pairs)
+        from services.pipeline.view import write_view
+
+        paths["view"] = write_view(cfg.train.run_dir)  # the same run as one page (`mempo view`)
         print("report: " + ", ".join(str(p) for p in paths.values()), flush=True)
     pipe.shutdown()
     return 0

@@ -73,6 +73,55 @@ def test_two_steps_change_weights_advance_versions_and_report_every_stage(run, g
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
 
 
+def test_mempo_view_of_the_run_in_a_real_browser_re_scores_an_edited_memory_through_the_live_scorer(
+        run, serve_http, tmp_path):
+    from services.pipeline.evaluate import eval_prompts, run_eval
+    from services.pipeline.report import write_report
+    from services.pipeline.view import make_server
+    from tests.pipeline.browser import Browser
+
+    cfg, out, run_dir = run
+    groups = [json.loads(line) for line in (run_dir / "groups.jsonl").read_text().splitlines()]
+    assert [g["step"] for g in groups] == [1, 1, 2, 2]  # train.sample_groups=2 per step
+    assert all(len(g["episodes"]) == N and all("reward" in e and "a_out" in e for e in g["episodes"]) for g in groups)
+    evals = {"rl": run_eval(cfg, out["pipeline"], eval_prompts(cfg, 2))}  # what `mempo eval --report` writes
+    write_report(run_dir, {n: r.table() for n, r in evals.items()}, runs=evals)
+    samples = json.loads((run_dir / "samples.json").read_text())
+    server = make_server(run_dir, 0, f"{serve_http}/{PREFIX}scorer/score")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with Browser.start(tmp_path) as b:
+            b.open(f"http://127.0.0.1:{server.server_address[1]}/", ready="document.body.dataset.ready === '1'")
+            print(f"\nmempo view page ready in {b.js('document.body.dataset.readyMs')} ms (headless chromium)")
+            table = json.loads((run_dir / "eval.json").read_text())
+            assert b.js("document.querySelectorAll('#eval-table tbody tr').length") == sum(map(len, table.values()))
+            assert b.js("document.querySelectorAll('.episode-item').length") == sum(
+                len(v) for per_k in samples.values() for v in per_k.values())
+            assert b.js("document.querySelectorAll('.group-item').length") == len(groups)
+            b.click("nav button[data-tab=episodes]")
+            with_memory = next(i for i, (p, k, s) in enumerate(
+                (p, k, s) for p, per_k in samples.items() for k, v in per_k.items() for s in v)
+                if any(t["mem"] for t in s["turns"]))
+            b.js(f"document.querySelectorAll('.episode-item')[{with_memory}].click()")
+            assert b.js("document.querySelectorAll('#episode-detail .turn').length") >= 2
+            assert b.js("document.querySelectorAll('#episode-detail .heat .tok').length") > 0
+            b.js("document.querySelector('#episode-detail details.try').open = true")
+            b.js("document.querySelector('#episode-detail details.try textarea').value = 'I know nothing yet.'")
+            b.click("#episode-detail details.try button.rescore")
+            deadline = time.time() + 120
+            while not b.js("!!document.querySelector('#episode-detail .rescored')") and time.time() < deadline:
+                error = b.js("document.querySelector('#episode-detail details.try div').textContent")
+                assert "scoring" in error or not error, error
+                time.sleep(0.2)
+            text = b.js("document.querySelector('#episode-detail .rescored').textContent")
+            assert "R_mem" in text and "P_mem" in text, text
+            assert b.js("document.querySelectorAll('#episode-detail .rescored .heat .tok').length") > 0
+            b.screenshot(run_dir / "view.png")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def _replica_actors(app: str) -> list[str]:
     return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
             if a["name"].startswith(f"SERVE_REPLICA::{app}#")]
