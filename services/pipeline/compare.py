@@ -151,7 +151,7 @@ def seed_tables(plan: list[Run], runs: dict) -> str:
 def compare(path: str | None, overrides: list[str], variants: str | list[str] | None = None,
             seeds: int = 1) -> dict[str, Path]:
     from services.pipeline.evaluate import eval_prompts, run_eval
-    from services.pipeline.report import markdown_table
+    from services.pipeline.report import markdown_table, write_samples
     from services.pipeline.sft import run_sft, sft_dir
     from services.pipeline.train import train
     from services.world.build import prepare_world
@@ -177,6 +177,11 @@ def compare(path: str | None, overrides: list[str], variants: str | list[str] | 
                 runs["sft"] = run_eval(cfg, pipe, prompts)
                 pipe.publish_model(str(Path(cfg.train.run_dir) / "policy"), version=10_001)
             runs[run.label] = run_eval(cfg, pipe, prompts)
+            # the variant's own held-out table and episodes beside its run, so `mempo view` shows them
+            mine = {"sft": runs["sft"], run.variant: runs[run.label]}
+            write_samples(cfg.train.run_dir, mine)
+            (Path(cfg.train.run_dir) / "eval.json").write_text(json.dumps(
+                {n: {str(k): v for k, v in r.table().items()} for n, r in mine.items()}, indent=1))
     finally:
         if pipe is not None:
             pipe.shutdown()

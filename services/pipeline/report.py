@@ -202,6 +202,13 @@ def draw_panels(panels: list, out: Path, rows: int = 1, figsize=(15, 4.2)) -> Pa
     return out
 
 
+def write_samples(run_dir: str | Path, runs: dict) -> Path:
+    """samples.json: the decoded sample episodes of each EvalRun, as data (what `mempo view` shows)."""
+    path = Path(run_dir) / "samples.json"
+    path.write_text(json.dumps({name: {str(k): v for k, v in run.samples.items()} for name, run in runs.items()}))
+    return path
+
+
 def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes: str = "", runs: dict | None = None,
                  controls: dict[str, dict[int, dict]] | None = None,
                  pairs: list[list[tuple[str, str]]] | None = None) -> dict[str, Path]:
@@ -229,9 +236,7 @@ def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes
     if runs:
         paths["samples"] = run_dir / "samples.md"
         paths["samples"].write_text(samples_markdown(runs))
-        paths["samples_json"] = run_dir / "samples.json"  # the same episodes as data, for `mempo view`
-        paths["samples_json"].write_text(json.dumps({name: {str(k): v for k, v in run.samples.items()}
-                                                     for name, run in runs.items()}))
+        paths["samples_json"] = write_samples(run_dir, runs)
         paths["episodes"] = run_dir / "episodes.jsonl"
         paths["episodes"].write_text("".join(
             json.dumps({"policy": name, "k": k, "uid": r["uid"], "em": r["em"], "f1": r["f1"]}) + "\n"

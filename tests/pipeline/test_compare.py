@@ -26,6 +26,8 @@ def test_compare_one_step_each(serve_http, grammar_model, world, tmp_path):
         assert table["1"]["episodes"] == 2.0 and 0.0 <= table["1"]["em"] <= 1.0
     for name in DEFAULT_VARIANTS:
         assert [r["step"] for r in read_rows(tmp_path / "compare" / name / "metrics.jsonl", "train")] == [1]
+        mine = json.loads((tmp_path / "compare" / name / "eval.json").read_text())  # what `mempo view` reads
+        assert list(mine) == ["sft", name] and (tmp_path / "compare" / name / "samples.json").is_file()
         deployed = load_config(tmp_path / "compare" / name / "pipeline.yaml")
         assert deployed.model.path == str(grammar_model)  # every variant started from the same policy
     report = paths["report"].read_text()

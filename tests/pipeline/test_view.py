@@ -127,6 +127,8 @@ def test_the_page_in_a_real_browser_shows_the_table_the_episodes_and_a_heat_map(
         assert b.js("document.querySelectorAll('#episode-detail .heat .tok').length") == 4  # 2 tokens x 2 contexts
         assert b.js("document.querySelectorAll('#episode-detail .heat .tok.dropped').length") == 1
         assert "R_mem +0.200" in b.js("document.querySelector('#episode-detail .turn[data-turn=\"2\"] h4').textContent")
+        saw = b.js("document.querySelector('#episode-detail .turn[data-turn=\"2\"] .context').textContent")
+        assert "Where is Sudryl Dynamics based?" in saw and "<search> q </search>" in saw and "doc" in saw
         b.click("nav button[data-tab=groups]")
         assert b.js("document.querySelectorAll('.group-item').length") == 6
         b.click(".group-item")
