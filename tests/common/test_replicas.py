@@ -2,6 +2,7 @@
 no replica runs, starts, or fits a live node. The verdict by hand, then on a real Serve deployment."""
 
 import os
+import threading
 import time
 
 import pytest
@@ -69,7 +70,10 @@ def _deploy(app: str, marker: str, resources: dict | None = None, wait: bool = T
     class Probe:
         def __init__(self, marker: str):
             if os.path.exists(marker):  # the replacement: a slow start, as a cold vLLM engine's
-                time.sleep(float(open(marker).read()))
+                gate = open(marker).read()
+                deadline = time.monotonic() + 600
+                while not os.path.exists(gate) and time.monotonic() < deadline:  # until the test opens it
+                    time.sleep(0.1)
 
         def pid(self) -> int:
             return os.getpid()
@@ -94,8 +98,9 @@ def test_a_call_waits_for_a_slow_replacement_beyond_the_call_timeout(serve_http,
     handle = _deploy(APP, marker)
     try:
         first = handle.pid.remote().result()
+        gate = tmp_path / "gate"
         with open(marker, "w") as f:
-            f.write("6")  # the replacement takes 6 s to start: three times the call timeout below
+            f.write(str(gate))  # the replacement starts only once the test creates the gate file
         names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                  if a["name"].startswith(f"SERVE_REPLICA::{APP}#")]
         assert len(names) == 1, names
@@ -104,12 +109,29 @@ def test_a_call_waits_for_a_slow_replacement_beyond_the_call_timeout(serve_http,
         while not any(_replica_states(APP).get(s) for s in ("STARTING", "UPDATING", "RECOVERING")):
             assert time.monotonic() < deadline, _replica_states(APP)
             time.sleep(0.1)  # until Serve has seen the loss and is starting the replacement
-        watch = ReplicaWatch(APP, "probe", {}, start_timeout_s=120, call_timeout_s=2, poll_s=0.5)
-        stats = {}
-        refs = call_all(lambda _: serve_ref(lambda: handle.pid.remote(), 2, watch, "a probe call"), [0], retries=2,
-                        what="probe", stats=stats, timeout_s=2)
-        assert ray.get(refs[0]) != first  # served by the replacement
-        assert watch.waits >= 1 and watch.waited_s > 2, (watch.waits, watch.waited_s)  # past the call timeout
+        watch = ReplicaWatch(APP, "probe", {}, start_timeout_s=600, call_timeout_s=2, poll_s=0.5)
+        out = {}
+
+        def call():
+            try:
+                out["refs"] = call_all(lambda _: serve_ref(lambda: handle.pid.remote(), 2, watch, "a probe call"), [0],
+                                       retries=2, what="probe", stats={}, timeout_s=2)
+            except BaseException as e:  # handed to the test below
+                out["error"] = e
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        deadline = time.monotonic() + 300
+        while watch.waits < 1 and caller.is_alive():  # until the call waits for the replacement Serve starts
+            assert time.monotonic() < deadline, "the call never saw the replacement starting"
+            time.sleep(0.1)
+        time.sleep(3 * 2)  # keep the replacement starting for three call timeouts after the call saw it ...
+        assert caller.is_alive(), out  # ... and the call is still waiting, not failed by ray.call_timeout_s
+        gate.touch()
+        caller.join(timeout=300)
+        assert "error" not in out, out.get("error")
+        assert ray.get(out["refs"][0]) != first  # served by the replacement
+        assert watch.waits >= 1 and watch.waited_s > 2 * 2, (watch.waits, watch.waited_s)  # past the call timeout
     finally:
         serve.delete(APP)
 
