@@ -7,6 +7,11 @@ sample (context + response) through the forward and backward passes of one optim
 "Gather" is the rank-0 full state dict (FSDP all-gather + CPU offload); "publish" is encoding one
 WeightUpdate and putting it in the object store (the part every replica then reads).
 
+"plain" is the yardstick: one process, no Ray, no FSDP, the same model, the same length-sorted padded
+micro-batches, the same loss (policy and reference forward, PPO/GRPO loss with the KL term, backward,
+clip, AdamW step) with the same threads; "vs plain" is the learner's tokens/s over the plain loop's,
+measured in the same run.
+
     .venv/bin/python bench/learner.py [--samples 32] [--big-samples 4]
 """
 
@@ -57,6 +62,43 @@ def big_model(world: Path, out: Path) -> Path:
     return out
 
 
+def plain_step_s(cfg, model_dir: str, tb) -> float:
+    """Seconds of one update of the plain loop (after a warm-up update), on every core of the machine."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from services.learner.loss import aggregate, kl_penalty, policy_loss
+    from services.learner.samples import global_counts, micro_batches
+    from services.learner.worker import token_logprobs
+
+    lc = cfg.learner
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(cfg.train.seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).requires_grad_(False).eval()
+    optim = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
+
+    def update() -> None:
+        tokens, rows = global_counts(tb)
+        micro = micro_batches(tb, lc.micro_token_budget)
+        with torch.no_grad():
+            refs = [token_logprobs(ref, mb)[0] for mb in micro]
+        for mb, ref_lp in zip(micro, refs):
+            lp, _ = token_logprobs(model, mb)
+            pg, _ = policy_loss(lp, lp.detach(), mb.advantages, mb.loss_mask, lc.clip_eps_low, lc.clip_eps_high,
+                                lc.dual_clip_c, lc.loss_agg, tokens, rows)
+            kl = aggregate(kl_penalty(lp, ref_lp, lc.kl_type), mb.loss_mask, lc.loss_agg, tokens, rows)
+            (pg + lc.kl_coef * kl).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), lc.grad_clip)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
+    update()  # warm-up, as the learner's
+    t0 = time.perf_counter()
+    update()
+    return time.perf_counter() - t0
+
+
 def measure(cfg, model_dir: str, tb, world_size: int) -> dict:
     from services.learner.group import LearnerGroup
     from services.learner.publish import ObjectStorePublisher
@@ -103,16 +145,21 @@ def main(argv: list[str] | None = None) -> int:
         cases = [("tiny", str(world / "model"), make_batch(cfg, world, tok, args.prompts, 4)),
                  ("~100M", str(big_model(world, Path(tmp) / "big")), make_batch(cfg, world, tok, args.big_prompts, 4))]
         for name, path, tb in cases:
+            plain_s = plain_step_s(cfg, path, tb)
+            print(f"  {name:6s} plain loop: {int(tb.cu_seqlens[-1]) / plain_s:8.1f} training tokens/s "
+                  f"(step {plain_s:.2f}s)", flush=True)
             for w in (1, 2):
                 r = measure(cfg, path, tb, w)
+                r["vs_plain"] = plain_s / r["step_s"]
                 rows.append((name, w, r))
                 print(f"  {name:6s} W={w}: {r['tokens'] / r['step_s']:8.1f} training tokens/s "
                       f"({r['tokens']} tokens, {r['loss_tokens']} with loss, step {r['step_s']:.2f}s); "
                       f"gather {r['gather_s']:.2f}s, encode+put {r['publish_s']:.2f}s for {r['mb']:.1f} MB", flush=True)
     print(f"\nlearner bench ({os.cpu_count()} CPUs, gloo, fp32, one optimizer step after a warm-up step)")
-    print(f"{'model':8s}{'params':>12s}{'W':>3s}{'tokens/s':>11s}{'gather s':>10s}{'publish s':>11s}")
+    print(f"{'model':8s}{'params':>12s}{'W':>3s}{'tokens/s':>11s}{'vs plain':>10s}{'gather s':>10s}{'publish s':>11s}")
     for name, w, r in rows:
-        print(f"{name:8s}{r['params']:12,d}{w:3d}{r['tokens'] / r['step_s']:11.1f}{r['gather_s']:10.2f}{r['publish_s']:11.2f}")
+        print(f"{name:8s}{r['params']:12,d}{w:3d}{r['tokens'] / r['step_s']:11.1f}{r['vs_plain']:9.2f}x"
+              f"{r['gather_s']:10.2f}{r['publish_s']:11.2f}")
     ray.shutdown()
     return 0
 

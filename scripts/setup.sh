@@ -43,8 +43,8 @@ $VENV/bin/python -c "from vllm import LLM; import transformers, ray, torch; prin
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing chromium (apt-get) for the browser test"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
-      || { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
+    apt_() { DEBIAN_FRONTEND=noninteractive timeout 600 apt-get "$@" >/dev/null 2>&1; }
+    apt_ install -y -q chromium || { apt_ update -q && apt_ install -y -q chromium; } \
       || echo "[setup] chromium could not be installed: the browser test will be skipped"
   else
     echo "[setup] no chromium and no root apt-get: the browser test will be skipped (apt-get install chromium)"
