@@ -84,7 +84,10 @@ def test_mempo_view_of_the_run_in_a_real_browser_re_scores_an_edited_memory_thro
     groups = [json.loads(line) for line in (run_dir / "groups.jsonl").read_text().splitlines()]
     assert [g["step"] for g in groups] == [1, 1, 2, 2]  # train.sample_groups=2 per step
     assert all(len(g["episodes"]) == N and all("reward" in e and "a_out" in e for e in g["episodes"]) for g in groups)
-    evals = {"rl": run_eval(cfg, out["pipeline"], eval_prompts(cfg, 2))}  # what `mempo eval --report` writes
+    from services.world.build import prepare_world
+
+    resolved = prepare_world(cfg)
+    evals = {"rl": run_eval(resolved, out["pipeline"], eval_prompts(resolved, 2))}  # as `mempo eval --report`
     write_report(run_dir, {n: r.table() for n, r in evals.items()}, runs=evals)
     samples = json.loads((run_dir / "samples.json").read_text())
     server = make_server(run_dir, 0, f"{serve_http}/{PREFIX}scorer/score")
