@@ -2,7 +2,6 @@
 directories as notes rather than tracebacks, and the page in a real headless Chromium. The page of a
 real trained run, and re-scoring through a live scorer, are in tests/pipeline/test_train_e2e.py."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
