@@ -134,3 +134,37 @@ def test_the_page_in_a_real_browser_shows_the_table_the_episodes_and_a_heat_map(
         assert b.js("document.querySelectorAll('#groups .episode').length") == 2  # the group's n episodes
         assert "A_mem" in b.js("document.querySelector('#groups .block').textContent")
         assert b.screenshot(tmp_path / "view.png").stat().st_size > 10_000
+
+
+def test_the_view_server_serves_the_page_and_says_when_no_scorer_answers(tmp_path):
+    import http.client
+    import threading
+
+    from services.common.local_ray import free_ports
+    from services.pipeline.view import make_server
+
+    run = make_run(tmp_path / "run")
+    closed = free_ports(1)[0]  # nothing listens there
+    server = make_server(run, 0, f"http://127.0.0.1:{closed}/scorer/score")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def request(method, path, body=None, headers=None):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        return r.status, r.read()
+
+    try:
+        status, body = request("GET", "/")
+        assert status == 200 and b'id="run-data"' in body
+        assert request("GET", "/nope")[0] == 404 and request("POST", "/nope", b"{}")[0] == 404
+        status, body = request("POST", "/api/score", b'{"question": "q", "memory": "m", "answer": "a"}',
+                               {"content-type": "application/json"})
+        assert status == 502 and b"no scorer at" in body and b"mempo serve --apps scorer" in body
+        assert request("POST", "/api/score", b"", {"content-length": "0"})[0] == 400
+        assert request("POST", "/api/score", b"x", {"content-length": "x"})[0] == 411
+        assert request("POST", "/api/score", b"x", {"content-length": str(1 << 30)})[0] == 413
+    finally:
+        server.shutdown()
+        server.server_close()
