@@ -109,5 +109,8 @@ def train(cfg: MempoConfig) -> dict:
         if step < cfg.train.steps:
             print(f"\nstopped at step {step}: checkpoint in {checkpoint}; run the same command to resume", flush=True)
     policy = pipe.learner.export(str(run_dir / "policy"))
+    # the pipeline handed back serves the final policy: a run resumed complete trained (and published)
+    # nothing, so replicas that were handed other weights meanwhile (mempo compare's next start) get it now
+    pipe.sync_weights(version=step)
     print(f"trained {step} steps; final policy in {policy}, metrics in {log.path}", flush=True)
     return {"step": step, "policy": policy, "metrics": str(log.path), "pipeline": pipe}

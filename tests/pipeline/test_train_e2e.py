@@ -73,6 +73,16 @@ def test_two_steps_change_weights_advance_versions_and_report_every_stage(run, g
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
 
 
+def test_a_complete_run_trained_again_trains_nothing_and_leaves_the_replicas_on_its_policy(run, grammar_model):
+    cfg, out, run_dir = run
+    pipe = out["pipeline"]
+    pipe.publish_model(str(grammar_model), version=0)  # as `mempo compare` hands the next variant its start
+    again = train(cfg)  # the same run, complete: resumes at step 2 and trains nothing
+    assert again["step"] == 2 and [r["step"] for r in read_rows(run_dir / "metrics.jsonl", "train")] == [1, 2]
+    assert [r["version"] for r in again["pipeline"].rollout.handle.broadcast("info").results()] == [2, 2]
+    assert [r["version"] for r in again["pipeline"].scorer.handle.broadcast("info").results()] == [2]
+
+
 def test_mempo_view_of_the_run_in_a_real_browser_re_scores_an_edited_memory_through_the_live_scorer(
         run, serve_http, tmp_path):
     from services.pipeline.evaluate import eval_prompts, run_eval
