@@ -8,13 +8,14 @@ step's metrics; the driver decodes it and appends one JSON line per group to
 
     records = group_records(traj, scores, adv, limit=2)   # plain lists and numbers, no text
     rows = [decoded_group(r, tokenizer.decode) for r in records]
+    decoded_turn(turn_record(turn, score, None), decode)  # one turn (the eval's samples use it too)
 """
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
-from services.common.messages import MemoryScoreBatch, TrajectoryBatch
+from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch, TurnRecord
 from services.learner.advantages import Advantages
 
 
@@ -25,24 +26,39 @@ def _score(s) -> dict:
             "full_keep": [bool(x) for x in s.full_keep]}
 
 
+def turn_record(turn: TurnRecord, score: Optional[MemoryScore], a_mem: Optional[float]) -> dict:
+    """One turn as plain data: its response ids split at its own ``<mem>`` span (before the block,
+    the block, after it), the observation, and the block's memory score and A_mem when it has them."""
+    ids = [int(i) for i in turn.response_ids]
+    start, end = (turn.mem_start, turn.mem_end) if turn.mem_start >= 0 else (0, 0)
+    return {"turn": int(turn.turn), "before_ids": ids[:start], "mem_ids": ids[start:end], "after_ids": ids[end:],
+            "observation_ids": [int(i) for i in turn.observation_ids], "action": turn.action,
+            "problems": list(turn.problems), "a_mem": a_mem, "score": None if score is None else _score(score)}
+
+
+def decoded_turn(t: dict, decode: Callable[[list[int]], str]) -> dict:
+    """A :func:`turn_record` with text in place of ids (the answer tokens one by one, for the heat map)."""
+    score = t["score"]
+    if score is not None:
+        score = {k: v for k, v in score.items() if k != "answer_ids"}
+        score["tokens"] = [decode([i]) for i in t["score"]["answer_ids"]]
+    return {"turn": t["turn"], "before": decode(t["before_ids"]), "mem": decode(t["mem_ids"]),
+            "after": decode(t["after_ids"]), "observation": decode(t["observation_ids"]), "action": t["action"],
+            "problems": t["problems"], "a_mem": t["a_mem"], "memory_reward": score}
+
+
 def group_records(traj: TrajectoryBatch, scores: Optional[MemoryScoreBatch], adv: Advantages,
                   limit: int) -> list[dict]:
-    """The first ``limit`` groups of ``traj`` as plain records (token ids split at the turn's own
-    spans: before the memory block, the block, after it; the observation)."""
+    """The first ``limit`` groups of ``traj`` as plain records (every turn a :func:`turn_record`)."""
+    if limit <= 0:
+        return []
     by_turn = {(s.group, s.episode, s.turn): s for s in (scores.scores if scores is not None else [])}
     out = []
-    for g, group in enumerate(traj.groups[:max(0, limit)]):
+    for g, group in enumerate(traj.groups[:limit]):
         episodes = []
         for e, ep in enumerate(group.episodes):
-            turns = []
-            for t, turn in enumerate(ep.turns):
-                ids = [int(i) for i in turn.response_ids]
-                start, end = (turn.mem_start, turn.mem_end) if turn.mem_start >= 0 else (0, 0)
-                s = by_turn.get((g, e, t))
-                turns.append({"turn": int(turn.turn), "before_ids": ids[:start], "mem_ids": ids[start:end],
-                              "after_ids": ids[end:], "observation_ids": [int(i) for i in turn.observation_ids],
-                              "action": turn.action, "problems": list(turn.problems),
-                              "a_mem": adv.a_mem.get((g, e, t)), "score": None if s is None else _score(s)})
+            turns = [turn_record(turn, by_turn.get((g, e, t)), adv.a_mem.get((g, e, t)))
+                     for t, turn in enumerate(ep.turns)]
             episodes.append({"sample": int(ep.sample), "answer": ep.answer, "finish": ep.finish_reason,
                              "reward": adv.rewards.get((g, e)), "f1": adv.f1.get((g, e)),
                              "a_out": adv.a_out.get((g, e)), "peak_tokens": int(ep.peak_tokens),
@@ -54,18 +70,7 @@ def group_records(traj: TrajectoryBatch, scores: Optional[MemoryScoreBatch], adv
 
 
 def decoded_group(record: dict, decode: Callable[[list[int]], str]) -> dict:
-    """``record`` with text in place of token ids (the answer tokens one by one, for the heat map)."""
-    episodes = []
-    for ep in record["episodes"]:
-        turns = []
-        for t in ep["turns"]:
-            score = t["score"]
-            if score is not None:
-                score = {k: v for k, v in score.items() if k != "answer_ids"}
-                score["tokens"] = [decode([i]) for i in t["score"]["answer_ids"]]
-            turns.append({"turn": t["turn"], "before": decode(t["before_ids"]), "mem": decode(t["mem_ids"]),
-                          "after": decode(t["after_ids"]), "observation": decode(t["observation_ids"]),
-                          "action": t["action"], "problems": t["problems"], "a_mem": t["a_mem"],
-                          "memory_reward": score})
-        episodes.append({**{k: v for k, v in ep.items() if k != "turns"}, "turns": turns})
+    """``record`` with text in place of token ids (every turn a :func:`decoded_turn`)."""
+    episodes = [{**{k: v for k, v in ep.items() if k != "turns"}, "turns": [decoded_turn(t, decode) for t in ep["turns"]]}
+                for ep in record["episodes"]]
     return {**{k: v for k, v in record.items() if k != "episodes"}, "episodes": episodes}

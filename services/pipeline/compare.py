@@ -148,17 +148,18 @@ def seed_tables(plan: list[Run], runs: dict) -> str:
     return "\n".join(text)
 
 
-def compare(path: str | None, overrides: list[str], variants: str | list[str] | None = None,
+def compare(path: str | None, overrides: list[str], variants: str | None = None,
             seeds: int = 1) -> dict[str, Path]:
+    """Train and evaluate the runs of :func:`plan_runs` (``variants``: ``mempo,mem1,search_r1:1``, default
+    the registry's default set); returns the paths of the report, eval.json and the plot."""
     from services.pipeline.evaluate import eval_prompts, run_eval
-    from services.pipeline.report import markdown_table, write_samples
+    from services.pipeline.report import by_str_k, markdown_table, write_samples
     from services.pipeline.sft import run_sft, sft_dir
     from services.pipeline.train import train
     from services.world.build import prepare_world
 
-    spec = ",".join(variants) if isinstance(variants, list) else variants
     base = load_config(path, overrides)
-    plan = plan_runs(parse_variants(spec or ",".join(DEFAULT_VARIANTS)), base.train.seed, seeds)
+    plan = plan_runs(parse_variants(variants or ",".join(DEFAULT_VARIANTS)), base.train.seed, seeds)
     sft = sft_dir(base)
     if not (sft / "config.json").is_file():
         run_sft(base)
@@ -181,14 +182,14 @@ def compare(path: str | None, overrides: list[str], variants: str | list[str] | 
             mine = {"sft": runs["sft"], run.variant: runs[run.label]}
             write_samples(cfg.train.run_dir, mine)
             (Path(cfg.train.run_dir) / "eval.json").write_text(json.dumps(
-                {n: {str(k): v for k, v in r.table().items()} for n, r in mine.items()}, indent=1))
+                by_str_k({n: r.table() for n, r in mine.items()}), indent=1))
     finally:
         if pipe is not None:
             pipe.shutdown()
     (out_dir / "startup.json").write_text(json.dumps(startup, indent=1))
     results = {name: run.table() for name, run in runs.items()}
     paths = {"report": out_dir / "report.md", "eval": out_dir / "eval.json", "plot": out_dir / "compare.png"}
-    paths["eval"].write_text(json.dumps({n: {str(k): v for k, v in t.items()} for n, t in results.items()}, indent=1))
+    paths["eval"].write_text(json.dumps(by_str_k(results), indent=1))
     plot_compare({r.label: out_dir / r.folder / "metrics.jsonl" for r in plan}, paths["plot"])
     steps, seed_list = base.train.steps, sorted({r.seed for r in plan})
     text = ["# mempo compare", "",

@@ -33,6 +33,7 @@ from services.common.config import MempoConfig
 from services.common.data import load_prompts
 from services.common.messages import MemoryScoreBatch, Prompt, PromptBatch, TrajectoryBatch
 from services.common.paths import data_path, model_path
+from services.learner.group_samples import decoded_turn, turn_record
 from services.pipeline.diagnostics import episode_row
 from services.pipeline.stats import bootstrap_ci
 
@@ -120,25 +121,12 @@ def run_eval(cfg: MempoConfig, pipe, prompts: dict[int, list[Prompt]], step: int
     return out
 
 
-def _block(s, dec) -> dict:
-    """A scored <mem> block for samples.md: its P's, R_mem, retention label and, per answer token, the
-    log-prob under each context and whether the filter counted it."""
-    return {"p_mem": s.p_mem, "p_full": s.p_full, "r_mem": s.r_mem, "retained": int(s.retained),
-            "tokens": [dec([int(i)]) for i in s.answer_ids], "mem_logp": [float(x) for x in s.mem_logp],
-            "full_logp": [float(x) for x in s.full_logp], "mem_keep": [bool(x) for x in s.mem_keep],
-            "full_keep": [bool(x) for x in s.full_keep]}
-
-
 def _sample(prompt: Prompt, ep, row: dict, dec, by_turn: dict, g: int, e: int) -> dict:
-    turns = []
-    for t, turn in enumerate(ep.turns):
-        s = by_turn.get((g, e, t))
-        ids = turn.response_ids.tolist()
-        start, end = (turn.mem_start, turn.mem_end) if turn.mem_start >= 0 else (0, 0)
-        turns.append({"response": dec(ids), "before": dec(ids[:start]), "mem": dec(ids[start:end]),
-                      "after": dec(ids[end:]), "observation": dec(turn.observation_ids.tolist()),
-                      "problems": list(turn.problems), "action": turn.action,
-                      "memory_reward": None if s is None else _block(s, dec)})
+    """A decoded episode for samples.md and `mempo view`: each turn split at its <mem> span, with the
+    block's memory score (P's, R_mem, retention, per answer token the log-prob under each context and
+    whether the filter counted it)."""
+    turns = [{"response": dec(turn.response_ids.tolist()),
+              **decoded_turn(turn_record(turn, by_turn.get((g, e, t)), None), dec)} for t, turn in enumerate(ep.turns)]
     return {"uid": prompt.uid, "question": prompt.messages[-1].content, "golds": prompt.golds,
             "answer": ep.answer, "em": row["em"], "finish": ep.finish_reason, "turns": turns}
 

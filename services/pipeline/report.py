@@ -202,10 +202,15 @@ def draw_panels(panels: list, out: Path, rows: int = 1, figsize=(15, 4.2)) -> Pa
     return out
 
 
+def by_str_k(tables: dict[str, dict]) -> dict[str, dict[str, object]]:
+    """{policy: {k: ...}} with the k keys as strings, the JSON layout of eval.json and samples.json."""
+    return {name: {str(k): v for k, v in table.items()} for name, table in tables.items()}
+
+
 def write_samples(run_dir: str | Path, runs: dict) -> Path:
     """samples.json: the decoded sample episodes of each EvalRun, as data (what `mempo view` shows)."""
     path = Path(run_dir) / "samples.json"
-    path.write_text(json.dumps({name: {str(k): v for k, v in run.samples.items()} for name, run in runs.items()}))
+    path.write_text(json.dumps(by_str_k({name: run.samples for name, run in runs.items()})))
     return path
 
 
@@ -217,9 +222,9 @@ def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = {"eval": run_dir / "eval.json", "report": run_dir / "report.md"}
-    dump = {n: {str(k): v for k, v in t.items()} for n, t in results.items()}
+    dump = by_str_k(results)
     if controls:
-        dump["search_disabled"] = {n: {str(k): v for k, v in t.items()} for n, t in controls.items()}
+        dump["search_disabled"] = by_str_k(controls)
     paths["eval"].write_text(json.dumps(dump, indent=1))
     curves = plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
     text = ["# mempo run report", "", "Held-out prompts, one greedy episode each.", "", markdown_table(results), ""]

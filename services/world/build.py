@@ -55,10 +55,16 @@ def prepare_world(cfg: MempoConfig, progress: bool = True) -> MempoConfig:
     return resolved(cfg)
 
 
+def index_oracle(cfg: MempoConfig, index: BM25Index, max_turns: int) -> OracleAgent:
+    """The oracle searching ``index`` with the config's search settings (top-k, passage format), as
+    the SFT data, the oracle records and the episode-length table use it."""
+    return OracleAgent(lambda qs, k: [[d for d, _ in hits] for hits in index.search(qs, k)], topk=cfg.search.topk,
+                       doc_format=cfg.search.doc_format, max_turns=max_turns)
+
+
 def _oracle_data(cfg: MempoConfig, train_rows: list[dict], index: BM25Index, progress: bool) -> list[dict]:
     rng = random.Random(cfg.world.seed + 3)
-    agent = OracleAgent(lambda qs, k: [[d for d, _ in hits] for hits in index.search(qs, k)],
-                        topk=cfg.search.topk, doc_format=cfg.search.doc_format, max_turns=cfg.world.oracle_max_turns)
+    agent = index_oracle(cfg, index, cfg.world.oracle_max_turns)
     out = []
     rows = train_rows[: cfg.world.oracle_trajectories]
     for row in tqdm(rows, desc="oracle trajectories", disable=not progress, leave=False):

@@ -25,7 +25,7 @@ import pandas as pd
 
 from services.common.config import MempoConfig
 from services.search_tool.bm25_index import BM25Index
-from services.world.oracle import OracleAgent
+from services.world.build import index_oracle
 from services.world.questions import questions_of
 
 COLUMNS = (("oracle EM", "em", "{:.2f}"), ("finished", "finished", "{:.2f}"), ("turns", "turns", "{:.1f}"),
@@ -63,9 +63,7 @@ def oracle_lengths(cfg: MempoConfig, world: Path, per_k: int = 50, seed: int = 0
     from transformers import AutoTokenizer
 
     count = token_counter(AutoTokenizer.from_pretrained(str(world / "model")))
-    index = BM25Index.load(world / "index" / "bm25")
-    agent = OracleAgent(lambda qs, k: [[d for d, _ in hits] for hits in index.search(qs, k)], topk=cfg.search.topk,
-                        doc_format=cfg.search.doc_format, max_turns=cfg.world.oracle_max_turns)
+    agent = index_oracle(cfg, BM25Index.load(world / "index" / "bm25"), cfg.world.oracle_max_turns)
     test = pd.read_parquet(world / "test.parquet").to_dict("records")
     limit, turn_limit = cfg.rollout.max_context_tokens, cfg.rollout.max_response_tokens
     out = {}

@@ -19,7 +19,8 @@ from services.common.data import row_to_prompt
 from services.common.messages import RolloutGroup
 from services.rollout.records import EpisodeBuilder, episode_from_transcript
 from services.search_tool.bm25_index import BM25Index
-from services.world.oracle import BEHAVIOURS, OracleAgent, OracleTrajectory
+from services.world.build import index_oracle
+from services.world.oracle import BEHAVIOURS, OracleTrajectory
 from services.world.questions import questions_of
 
 
@@ -34,8 +35,7 @@ def oracle_episodes(cfg: MempoConfig, world: Path, row: dict, n: int, tokenizer,
     """The group and the oracle trajectories it was made of (their ``labels`` line up with the
     episodes' turns); episode i plays ``behaviours[i % len(behaviours)]``."""
     index = index or BM25Index.load(world / "index" / "bm25")
-    agent = OracleAgent(lambda qs, k: [[d for d, _ in h] for h in index.search(qs, k)], topk=cfg.search.topk,
-                        doc_format=cfg.search.doc_format, max_turns=cfg.rollout.max_turns)
+    agent = index_oracle(cfg, index, cfg.rollout.max_turns)
     builder = EpisodeBuilder(cfg, tokenizer)
     prompt = row_to_prompt(row)
     rng = random.Random(seed)

@@ -3,8 +3,6 @@ episode's reward and advantage and each block's memory score and A_mem, capped p
 
 import json
 
-import numpy as np
-
 from services.common.config import AlgorithmConfig
 from services.common.messages import TrajectoryBatch
 from services.learner.advantages import compute_advantages
@@ -31,5 +29,6 @@ def test_group_records_split_at_the_memory_span_and_carry_rewards_advantages_and
     turn = text["episodes"][0]["turns"][1]
     assert turn["mem"] == "t0 t1 t2 t3" and turn["after"].startswith("t4") and turn["memory_reward"]["tokens"] == ["t0"]
     assert "answer_ids" not in turn["memory_reward"] and "mem_ids" not in turn
-    json.dumps(text)  # plain JSON all the way down
-    assert isinstance(np.float64(ep["a_out"]), float)
+    json.dumps(text)  # plain JSON all the way down: Python numbers, not numpy's
+    assert type(ep["a_out"]) is float and type(second["score"]["mem_logp"][0]) is float
+    assert type(second["mem_ids"][0]) is int and type(second["score"]["answer_ids"][0]) is int
