@@ -107,6 +107,26 @@ RUNTIME = {"runtime": True}
 RULE = {"runtime": True, "rule": True}
 
 
+def baseline(name: str, title: str, value: Any, default: bool = False) -> dict:
+    """A field mark for a knob that exists to make a baseline: setting the field to ``value`` is the
+    baseline ``name`` of `mempo compare` (services/pipeline/compare.py collects these marks into its
+    VARIANTS registry), so a new knob and its baseline are one field here."""
+    return {"baseline": {"name": name, "title": title, "value": value, "default": default}}
+
+
+def field_baselines(root: type[BaseModel]) -> list[tuple[str, str, str, bool]]:
+    """(name, title, "section.field=value", default) for every field of ``root``'s sections marked
+    with baseline(), in declaration order."""
+    out = []
+    for section_name, section in root.model_fields.items():
+        for name, f in getattr(section.annotation, "model_fields", {}).items():
+            mark = f.json_schema_extra.get("baseline") if isinstance(f.json_schema_extra, dict) else None
+            if mark:
+                value = str(mark["value"]).lower() if isinstance(mark["value"], bool) else mark["value"]
+                out.append((mark["name"], mark["title"], f"{section_name}.{name}={value}", mark["default"]))
+    return out
+
+
 def fields_marked(section: type[BaseModel], mark: str) -> tuple[str, ...]:
     """The names of a section's fields carrying ``mark`` ("runtime" or "rule"), in declaration order."""
     return tuple(n for n, f in section.model_fields.items() if isinstance(f.json_schema_extra, dict)
@@ -244,7 +264,7 @@ class AlgorithmConfig(_Section):
     mem_pooling: Literal["prompt", "prompt_turn"] = Field("prompt", description="Pool memory rewards per prompt (reference) or per (prompt, turn index).")
     mem_alpha: float = Field(1.0, description="Weight of A_mem added on <mem> tokens (reference 1).")
     mem_std_floor: float = Field(0.0, ge=0, description="A_mem = (R_mem - mean) / (max(std, mem_std_floor) + mem_eps): a pool whose memory rewards differ by less than the floor gets proportionally small advantages instead of unit-scale noise (0 = the reference's plain normalisation; R_mem lies in [-1, 1]).")
-    outcome_on_mem: bool = Field(True, description="False: the <mem> tokens get no outcome advantage, only alpha * A_mem (the memory is trained by the memory reward alone).")
+    outcome_on_mem: bool = Field(True, json_schema_extra=baseline("mem_only", "MemPO, memory tokens trained by the memory reward alone", False), description="False: the <mem> tokens get no outcome advantage, only alpha * A_mem (the memory is trained by the memory reward alone).")
     use_memory_reward: bool = Field(True, description="False gives MEM1-like GRPO on the memory context (no A_mem).")
     answer_separator: str = Field(";", description="Splits a multi-objective answer into per-question answers.")
 

@@ -35,7 +35,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.config import MempoConfig, load_config
+from services.common.config import MempoConfig, field_baselines, load_config
 
 @dataclass(frozen=True)
 class Variant:
@@ -48,17 +48,20 @@ class Variant:
 
 
 # The registry every list of baselines reads (the CLI's help, `mempo compare`, the README's table,
-# which tests/pipeline/test_variants.py checks against it): a new baseline is one entry here.
-VARIANTS: dict[str, Variant] = {v.name: v for v in (
+# which tests/pipeline/test_variants.py checks against it): a baseline that combines existing settings
+# is one entry here; a config field made for a baseline carries it as a mark instead
+# (services/common/config.py baseline(): mem_only is algorithm.outcome_on_mem's), collected last.
+_ENTRIES = (
     Variant("mempo", "MemPO (memory context + memory reward)", (), True),
     Variant("mem1", "MEM1-like GRPO (memory context, no memory reward)", ("algorithm.use_memory_reward=false",), True),
     Variant("search_r1", "Search-R1-like GRPO (full history)",
             ("rollout.memory_window=full", "algorithm.use_memory_reward=false"), True),
     Variant("mempo_ref", "MemPO with the reference's memory reward",
             ("scorer.filter_mode=independent", "scorer.average=geometric", "scorer.answer_template=reference"), False),
-    Variant("mem_only", "MemPO, memory tokens trained by the memory reward alone", ("algorithm.outcome_on_mem=false",),
-            False),
-)}
+) + tuple(Variant(name, title, (override,), default) for name, title, override, default in field_baselines(MempoConfig))
+VARIANTS: dict[str, Variant] = {v.name: v for v in _ENTRIES}
+if len(VARIANTS) != len(_ENTRIES):
+    raise ValueError(f"a baseline name is registered twice: {[v.name for v in _ENTRIES]}")
 DEFAULT_VARIANTS = tuple(n for n, v in VARIANTS.items() if v.default)  # what `mempo compare` runs without --variants
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import load_config, replica_config
+from services.common.config import MempoConfig, field_baselines, load_config, replica_config
 from services.common.serve_version import SECTIONS, deployment_version
 from services.pipeline.compare import (DEFAULT_VARIANTS, VARIANTS, Run, baseline_table, parse_variants, plan_runs,
                                       seed_tables, variant_config, variants_help)
@@ -48,6 +48,19 @@ def test_the_readme_table_and_the_cli_help_come_from_the_registry():
     assert baseline_table() in readme, "README's baseline table is stale: paste services.pipeline.compare.baseline_table()"
     assert all(v.name in variants_help() for v in VARIANTS.values())
     assert DEFAULT_VARIANTS == ("mempo", "mem1", "search_r1")  # what `make compare` runs: the paper's three
+
+
+def test_a_field_marked_as_a_baseline_is_a_variant_that_sets_it_away_from_its_default():
+    """config.baseline() marks: the knob and its baseline are one field (mem_only is outcome_on_mem's)."""
+    marked = field_baselines(MempoConfig)
+    assert ("mem_only", VARIANTS["mem_only"].title, "algorithm.outcome_on_mem=false", False) in marked
+    for name, _title, override, _default in marked:
+        assert VARIANTS[name].overrides == (override,)
+        key, value = override.split("=", 1)
+        section, field = key.split(".")
+        default = MempoConfig.model_fields[section].annotation.model_fields[field].default
+        assert str(default).lower() != value.lower(), f"{name}: its value is the field's default"
+        assert getattr(getattr(load_config("deploy/configs/tiny.yaml", [override]), section), field) != default
 
 
 def _reads(service: str, key: str) -> bool:
