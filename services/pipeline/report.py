@@ -196,6 +196,8 @@ def draw_panels(panels: list, out: Path, rows: int = 1, figsize=(15, 4.2)) -> Pa
         ax.grid(alpha=0.3)
         if len(series) > 1 and ax.get_legend_handles_labels()[0]:  # a panel whose metrics a run lacks stays empty
             ax.legend(fontsize=8)
+    for ax in axes.flat[len(panels):]:  # the grid's spare cells, when the panels do not fill its last row
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
