@@ -30,6 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+def timed_after_warmup(step, items) -> float:
+    """Run ``step`` on the first item (warm-up), then seconds for the rest."""
+    step(items[0])
+    t0 = time.perf_counter()
+    for item in items[1:]:
+        step(item)
+    return time.perf_counter() - t0
+
+
 def step_batches(cfg, samples, steps: int):
     """The first ``steps`` + 1 SFT batches (one warm-up), drawn as `mempo sft` draws them."""
     from services.pipeline.sft import sft_batch
@@ -104,11 +113,7 @@ def plain_s(cfg, model_dir: str, batches, packed: bool) -> float:
         optim.step()
         optim.zero_grad(set_to_none=True)
 
-    step(batches[0])
-    t0 = time.perf_counter()
-    for tb in batches[1:]:
-        step(tb)
-    return time.perf_counter() - t0
+    return timed_after_warmup(step, batches)
 
 
 def worker_s(cfg, model_dir: str, batches) -> float:
@@ -122,12 +127,7 @@ def worker_s(cfg, model_dir: str, batches) -> float:
     worker.join(*worker.store_address())
     try:
         worker.set_lr(cfg.learner.sft_lr)
-        payloads = [encode(tb) for tb in batches]
-        worker.sft_step(payloads[0])
-        t0 = time.perf_counter()
-        for payload in payloads[1:]:
-            worker.sft_step(payload)
-        return time.perf_counter() - t0
+        return timed_after_warmup(worker.sft_step, [encode(tb) for tb in batches])
     finally:
         worker.shutdown()
 
@@ -141,11 +141,7 @@ def pipeline_s(cfg, model_dir: str, batches) -> float:
     group = LearnerGroup(cfg, model_dir, world_size=1)
     try:
         group.set_lr(cfg.learner.sft_lr)
-        group.sft_step(batches[0])
-        t0 = time.perf_counter()
-        for tb in batches[1:]:
-            group.sft_step(tb)
-        return time.perf_counter() - t0
+        return timed_after_warmup(group.sft_step, batches)
     finally:
         group.shutdown()
 

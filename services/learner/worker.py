@@ -185,7 +185,7 @@ class LearnerWorker:
             loss = aggregate(-lp.cpu() if lp.device.type != "cpu" else -lp, mb.loss_mask, self.cfg.learner.loss_agg,
                              tokens, rows)
             (loss * self.world).backward()
-            loss_sum += float(loss)
+            loss_sum += float(loss.detach())
             n += float(mb.loss_mask.sum())
         out = {"sft_loss": loss_sum, "tokens": n, **self._finish_step(loss=loss_sum)}
         out["seconds"] = time.perf_counter() - t0
