@@ -40,7 +40,8 @@ def timed_after_warmup(step, items) -> float:
 
 
 def step_batches(cfg, samples, steps: int):
-    """The first ``steps`` + 1 SFT batches (one warm-up), drawn as `mempo sft` draws them."""
+    """The first ``steps`` + 1 SFT batches (one warm-up), drawn as `mempo sft` draws its first epoch
+    (one seeded shuffle; this wraps around instead of reshuffling when the steps outrun the samples)."""
     from services.pipeline.sft import sft_batch
 
     rng, order, out = random.Random(cfg.train.seed), list(range(len(samples))), []
@@ -116,13 +117,19 @@ def plain_s(cfg, model_dir: str, batches, packed: bool) -> float:
     return timed_after_warmup(step, batches)
 
 
+def sft_config(cfg):
+    """The learner settings run_sft uses on a local cluster: no reference model, every core to the rank."""
+    cfg = cfg.model_copy(deep=True)
+    cfg.learner.kl_coef, cfg.learner.num_cpus_per_worker = 0.0, float(os.cpu_count() or 1)
+    return cfg
+
+
 def worker_s(cfg, model_dir: str, batches) -> float:
     """The learner's FSDP worker (W=1) in this process: the pipeline's step without Ray."""
     from services.common.codec import encode
     from services.learner.worker import LearnerWorker
 
-    cfg = cfg.model_copy(deep=True)
-    cfg.learner.kl_coef, cfg.learner.num_cpus_per_worker = 0.0, float(os.cpu_count() or 1)
+    cfg = sft_config(cfg)
     worker = LearnerWorker(0, 1, cfg.model_dump(), model_dir)
     worker.join(*worker.store_address())
     try:
@@ -135,10 +142,7 @@ def worker_s(cfg, model_dir: str, batches) -> float:
 def pipeline_s(cfg, model_dir: str, batches) -> float:
     from services.learner.group import LearnerGroup
 
-    cfg = cfg.model_copy(deep=True)
-    cfg.learner.kl_coef = 0.0  # as run_sft: no reference model
-    cfg.learner.num_cpus_per_worker = float(os.cpu_count() or 1)  # as run_sft on a local cluster
-    group = LearnerGroup(cfg, model_dir, world_size=1)
+    group = LearnerGroup(sft_config(cfg), model_dir, world_size=1)
     try:
         group.set_lr(cfg.learner.sft_lr)
         return timed_after_warmup(group.sft_step, batches)
