@@ -7,10 +7,11 @@ sample (context + response) through the forward and backward passes of one optim
 "Gather" is the rank-0 full state dict (FSDP all-gather + CPU offload); "publish" is encoding one
 WeightUpdate and putting it in the object store (the part every replica then reads).
 
-"plain" is the yardstick: one process, no Ray, no FSDP, the same model, the same length-sorted padded
+"plain" is the yardstick: one process (the bench's own), no Ray, no FSDP, the same model, the same length-sorted padded
 micro-batches, the same loss (policy and reference forward, PPO/GRPO loss with the KL term, backward,
-clip, AdamW step) with the same threads; "vs plain" is the learner's tokens/s over the plain loop's,
-measured in the same run.
+clip, AdamW step) with the same threads; "vs plain" is the learner's tokens/s over the plain loop's:
+medians of ``--repeats`` steps of each, taken in turns in the same run (a single step's ratio wanders
++-0.1 on 2 cores).
 
     .venv/bin/python bench/learner.py [--samples 32] [--big-samples 4]
 """
@@ -62,8 +63,9 @@ def big_model(world: Path, out: Path) -> Path:
     return out
 
 
-def plain_step_s(cfg, model_dir: str, tb) -> float:
-    """Seconds of one update of the plain loop (after a warm-up update), on every core of the machine."""
+def plain_loop(cfg, model_dir: str, tb):
+    """The plain loop's update, ready to time (model, reference and optimizer built, one warm-up
+    update done), on every core of the machine."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -94,23 +96,33 @@ def plain_step_s(cfg, model_dir: str, tb) -> float:
         optim.zero_grad(set_to_none=True)
 
     update()  # warm-up, as the learner's
+    return update
+
+
+def timed(fn) -> float:
     t0 = time.perf_counter()
-    update()
+    fn()
     return time.perf_counter() - t0
 
 
-def measure(cfg, model_dir: str, tb, world_size: int) -> dict:
+def measure(cfg, model_dir: str, tb, world_size: int, repeats: int) -> dict:
+    """The learner group's step against the plain loop's, ``repeats`` of each taken in turns (so a
+    slow spell of the machine hits both), medians; then one gather and one publish."""
+    import statistics
+
     from services.learner.group import LearnerGroup
     from services.learner.publish import ObjectStorePublisher
 
     cpus = max(1, (os.cpu_count() or 2) // world_size)  # the machine's cores, split between the ranks
     cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"num_cpus_per_worker": float(cpus)})})
+    plain = plain_loop(cfg, model_dir, tb)
     group = LearnerGroup(cfg, model_dir, world_size=world_size)
     try:
-        group.train_step(tb)  # warm-up (allocations, first all-gathers)
-        t0 = time.perf_counter()
-        metrics = group.train_step(tb)
-        step_s = time.perf_counter() - t0
+        metrics = group.train_step(tb)  # warm-up (allocations, first all-gathers)
+        plain_s, step_s = [], []
+        for _ in range(repeats):
+            plain_s.append(timed(plain))
+            step_s.append(timed(lambda: group.train_step(tb)))
         t0 = time.perf_counter()
         state = group.full_state_dict()
         gather_s = time.perf_counter() - t0
@@ -118,14 +130,17 @@ def measure(cfg, model_dir: str, tb, world_size: int) -> dict:
     finally:
         group.shutdown()
     params = sum(v.numel() for k, v in state.items() if k != "lm_head.weight")
-    return {"step_s": step_s, "tokens": int(tb.cu_seqlens[-1]), "loss_tokens": int(metrics["tokens"]),
-            "gather_s": gather_s, "publish_s": pub["encode_put_s"], "mb": pub["bytes"] / 1e6, "params": params}
+    return {"step_s": statistics.median(step_s), "plain_s": statistics.median(plain_s),
+            "ratios": [p / s for p, s in zip(plain_s, step_s)], "tokens": int(tb.cu_seqlens[-1]),
+            "loss_tokens": int(metrics["tokens"]), "gather_s": gather_s, "publish_s": pub["encode_put_s"],
+            "mb": pub["bytes"] / 1e6, "params": params}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=8, help="tiny model: prompts (x4 episodes) in the batch")
-    ap.add_argument("--big-prompts", type=int, default=1, help="~100M model: prompts (x4 episodes) in the batch")
+    ap.add_argument("--big-prompts", type=int, default=1, help="~100M model: prompts (x4 episodes) in the batch; 0 skips it")
+    ap.add_argument("--repeats", type=int, default=5, help="timed steps of each loop, taken in turns (medians)")
     ap.add_argument("--config", default="deploy/configs/tiny.yaml")
     args = ap.parse_args(argv)
 
@@ -142,23 +157,26 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(**local_init_options(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        cases = [("tiny", str(world / "model"), make_batch(cfg, world, tok, args.prompts, 4)),
-                 ("~100M", str(big_model(world, Path(tmp) / "big")), make_batch(cfg, world, tok, args.big_prompts, 4))]
+        cases = [("tiny", str(world / "model"), make_batch(cfg, world, tok, args.prompts, 4))]
+        if args.big_prompts:
+            cases.append(("~100M", str(big_model(world, Path(tmp) / "big")),
+                          make_batch(cfg, world, tok, args.big_prompts, 4)))
         for name, path, tb in cases:
-            plain_s = plain_step_s(cfg, path, tb)
-            print(f"  {name:6s} plain loop: {int(tb.cu_seqlens[-1]) / plain_s:8.1f} training tokens/s "
-                  f"(step {plain_s:.2f}s)", flush=True)
             for w in (1, 2):
-                r = measure(cfg, path, tb, w)
-                r["vs_plain"] = plain_s / r["step_s"]
+                r = measure(cfg, path, tb, w, args.repeats)
+                r["vs_plain"] = r["plain_s"] / r["step_s"]
                 rows.append((name, w, r))
                 print(f"  {name:6s} W={w}: {r['tokens'] / r['step_s']:8.1f} training tokens/s "
-                      f"({r['tokens']} tokens, {r['loss_tokens']} with loss, step {r['step_s']:.2f}s); "
-                      f"gather {r['gather_s']:.2f}s, encode+put {r['publish_s']:.2f}s for {r['mb']:.1f} MB", flush=True)
-    print(f"\nlearner bench ({os.cpu_count()} CPUs, gloo, fp32, one optimizer step after a warm-up step)")
-    print(f"{'model':8s}{'params':>12s}{'W':>3s}{'tokens/s':>11s}{'vs plain':>10s}{'gather s':>10s}{'publish s':>11s}")
+                      f"({r['tokens']} tokens, {r['loss_tokens']} with loss, step {r['step_s']:.2f}s), plain loop "
+                      f"{r['tokens'] / r['plain_s']:8.1f} (step {r['plain_s']:.2f}s), ratios by round "
+                      f"{' '.join(f'{x:.2f}' for x in r['ratios'])}; gather {r['gather_s']:.2f}s, "
+                      f"encode+put {r['publish_s']:.2f}s for {r['mb']:.1f} MB", flush=True)
+    print(f"\nlearner bench ({os.cpu_count()} CPUs, gloo, fp32, medians of {args.repeats} optimizer "
+          f"steps after a warm-up step)")
+    print(f"{'model':8s}{'params':>12s}{'W':>3s}{'tokens/s':>11s}{'plain':>9s}{'vs plain':>10s}{'gather s':>10s}{'publish s':>11s}")
     for name, w, r in rows:
-        print(f"{name:8s}{r['params']:12,d}{w:3d}{r['tokens'] / r['step_s']:11.1f}{r['vs_plain']:9.2f}x"
+        print(f"{name:8s}{r['params']:12,d}{w:3d}{r['tokens'] / r['step_s']:11.1f}{r['tokens'] / r['plain_s']:9.1f}"
+              f"{r['vs_plain']:9.2f}x"
               f"{r['gather_s']:10.2f}{r['publish_s']:11.2f}")
     ray.shutdown()
     return 0

@@ -29,7 +29,8 @@ from services.learner.samples import MicroBatch, global_counts, micro_batches
 
 
 def token_logprobs(model, mb: MicroBatch, with_entropy: bool = False):
-    """[B, T] log p(input_ids[:, t] | input_ids[:, :t]); column 0 is 0 (nothing predicts it)."""
+    """[B, T] log p(input_ids[:, t] | input_ids[:, :t]); column 0 is 0 (nothing predicts it). With
+    ``with_entropy`` also [B, T] entropies of the distribution predicting token t, at loss tokens (0 elsewhere)."""
     device = next(model.parameters()).device
     out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device), use_cache=False)
     logits = out.logits[:, :-1].float()
@@ -37,8 +38,12 @@ def token_logprobs(model, mb: MicroBatch, with_entropy: bool = False):
     lp = torch.nn.functional.pad(lp, (1, 0))
     if not with_entropy:
         return lp, None
+    # The entropy is a metric over loss tokens only: computed on those rows of the logits (about a fifth
+    # of a turn sample's positions), not a second full-vocabulary softmax over every position.
     with torch.no_grad():
-        ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0))
+        rows = mb.loss_mask[:, 1:].to(logits.device) > 0
+        ent = torch.zeros_like(lp)
+        ent[:, 1:][rows] = entropy_from_logits(logits.detach()[rows])
     return lp, ent
 
 

@@ -138,3 +138,24 @@ def test_weighted_loss_scales_each_token_and_reduces_to_the_plain_loss():
     assert weighted.item() == pytest.approx((2.0 * -1.2 + 0.5 * -0.5 + 1.0 * 1.0) / 3)
     weighted.backward()
     assert logp.grad[0, 0].item() == 0.0  # clipped token: no gradient, whatever its weight
+
+
+def test_token_entropy_only_at_loss_tokens_matches_the_full_pass():
+    from types import SimpleNamespace
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from services.learner.worker import token_logprobs
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    ids = torch.randint(0, 50, (3, 9))
+    mask = (torch.rand(3, 9) > 0.5).float()
+    mask[:, 0] = 0
+    mb = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask)
+    lp, ent = token_logprobs(model, mb, with_entropy=True)
+    with torch.no_grad():
+        full = torch.nn.functional.pad(entropy_from_logits(model(input_ids=ids).logits[:, :-1]), (1, 0))
+    assert torch.allclose(ent, full * mask, atol=1e-6)
+    assert torch.equal(lp, token_logprobs(model, mb)[0])
