@@ -7,7 +7,9 @@ then the engine generates the same total number of tokens as one request per epi
 ``ignore_eos`` (one long turn each, no tools). Ratio = agent tokens/s / raw tokens/s (target >= 0.8).
 
 The policy is the tiny world model after a short grammar SFT (tests/rollout/grammar_model.py,
-cached), so episodes really search and answer.
+cached), so episodes really search and answer. The engine runs at the Ray workers' niceness, as the
+rollout replica's does in the pipeline (at a higher priority it would starve the search replica).
+It also prints the engine's batch occupancy and the longest episode's sequential tokens.
 
     .venv/bin/python bench/rollout.py [--prompts 16] [--n 4]
 """
@@ -32,7 +34,7 @@ async def _bench(loop, engine, batch) -> dict:
     from vllm import SamplingParams
 
     await loop.run(replace(batch, prompts=batch.prompts[:1], n=1))
-    busy: list[int] = []  # turns generating at once, sampled every 20 ms while the agent loop runs
+    busy: list[int] = []  # turns in the engine (running or queued), sampled every 20 ms while the agent loop runs
 
     async def sample_busy():
         while True:
@@ -63,8 +65,7 @@ async def _bench(loop, engine, batch) -> dict:
     return {"agent_tokens": generated, "agent_s": agent_s, "raw_tokens": raw_tokens, "raw_s": raw_s,
             "replay_tokens": sum(len(r.token_ids) for r in replay), "replay_s": replay_s,
             "episodes": len(episodes), "metrics": out.metrics, "busy": busy,
-            "episode_tokens": [sum(len(t.response_ids) for t in e.turns) for e in episodes],
-            "episode_turns": [len(e.turns) for e in episodes]}
+            "longest": max((sum(len(t.response_ids) for t in e.turns), len(e.turns)) for e in episodes)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,11 +128,11 @@ def main(argv: list[str] | None = None) -> int:
           f"(every turn's context and length at once: the loop's engine work without the loop)")
     print(f"  context tokens prefilled by the agent's turns: {m['total_tokens_mean'] * r['episodes'] - r['agent_tokens']:.0f} "
           f"(raw: {r['episodes']} prompts)")
-    longest = max(r["episode_tokens"])
-    print(f"  turn dependencies: the longest episode generated {longest} tokens in {max(r['episode_turns'])} turns "
+    longest, turns = r["longest"]
+    print(f"  turn dependencies: the longest episode generated {longest} tokens in {turns} turns "
           f"one after another (the raw engine's requests: {r['raw_tokens'] // r['episodes']} tokens each)")
     busy, seqs = r["busy"], cfg.engine.max_num_seqs
-    print(f"  agent loop's engine batch: {sum(busy) / max(1, len(busy)):.1f} turns generating on average "
+    print(f"  agent loop's engine batch: {sum(busy) / max(1, len(busy)):.1f} turns in it (running or queued) on average "
           f"(max_num_seqs {seqs}, max_concurrent_episodes {cfg.rollout.max_concurrent_episodes}); "
           f"full {sum(b >= seqs for b in busy) / max(1, len(busy)):.0%} of the time, "
           f"under half {sum(b < seqs / 2 for b in busy) / max(1, len(busy)):.0%}")
