@@ -13,7 +13,7 @@ clip, AdamW step) with the same threads; "vs plain" is the learner's tokens/s ov
 medians of ``--repeats`` steps of each, taken in turns in the same run (a single step's ratio wanders
 +-0.1 on 2 cores).
 
-    .venv/bin/python bench/learner.py [--samples 32] [--big-samples 4]
+    .venv/bin/python bench/learner.py [--prompts 8] [--big-prompts 1] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def measure(cfg, model_dir: str, tb, world_size: int, repeats: int) -> dict:
+def measure(cfg, model_dir: str, tb, world_size: int, repeats: int, plain) -> dict:
     """The learner group's step against the plain loop's, ``repeats`` of each taken in turns (so a
     slow spell of the machine hits both), medians; then one gather and one publish."""
     import statistics
@@ -115,7 +115,6 @@ def measure(cfg, model_dir: str, tb, world_size: int, repeats: int) -> dict:
 
     cpus = max(1, (os.cpu_count() or 2) // world_size)  # the machine's cores, split between the ranks
     cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"num_cpus_per_worker": float(cpus)})})
-    plain = plain_loop(cfg, model_dir, tb)
     group = LearnerGroup(cfg, model_dir, world_size=world_size)
     try:
         metrics = group.train_step(tb)  # warm-up (allocations, first all-gathers)
@@ -162,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             cases.append(("~100M", str(big_model(world, Path(tmp) / "big")),
                           make_batch(cfg, world, tok, args.big_prompts, 4)))
         for name, path, tb in cases:
+            plain = plain_loop(cfg, path, tb)  # one plain model per case, timed beside each W
             for w in (1, 2):
-                r = measure(cfg, path, tb, w, args.repeats)
+                r = measure(cfg, path, tb, w, args.repeats, plain)
                 r["vs_plain"] = r["plain_s"] / r["step_s"]
                 rows.append((name, w, r))
                 print(f"  {name:6s} W={w}: {r['tokens'] / r['step_s']:8.1f} training tokens/s "
