@@ -23,8 +23,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -343,6 +346,27 @@ COMMANDS = {"view": _view, "plan": _plan, "sft": _sft, "train": _train, "eval": 
             "index": _index}
 
 
+@contextlib.contextmanager
+def stop_like_ctrl_c():
+    """While a command runs, SIGINT and SIGTERM stop it the way Ctrl-C does in a terminal (``train`` and
+    ``compare`` checkpoint the current step, ``serve`` shuts its services down), also when a shell started
+    it in the background, where SIGINT arrives ignored and Python installs no handler. Once the command
+    connects to Ray, ``ray.init`` replaces the SIGTERM handler with its own (``sys.exit``), which unwinds
+    through the same ``finally`` blocks. The previous handlers come back afterwards (tests call ``main``)."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     for key, value in (("HF_HUB_OFFLINE", "1"), ("RAY_USAGE_STATS_ENABLED", "0"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(key, value)
@@ -365,7 +389,11 @@ def main(argv: list[str] | None = None) -> int:
         from services.common.config import ConfigError
 
         try:
-            return COMMANDS[cmd](rest)
+            with stop_like_ctrl_c():
+                return COMMANDS[cmd](rest)
+        except KeyboardInterrupt:  # a command without its own handler (sft, eval, ...): no traceback
+            print(f"\n{cmd}: interrupted", file=sys.stderr)
+            return 130
         except (ConfigError, FileNotFoundError, ValueError, yaml.YAMLError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

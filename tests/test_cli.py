@@ -94,3 +94,37 @@ def test_options_and_overrides_in_any_order(capsys):
     # a bad override after an option is still caught (not taken for the option's value)
     assert main(["serve", "--apps", "scorer", "deploy/configs/tiny.yaml", "train.stepz=3"]) == 2
     assert "did you mean 'train.steps'" in capsys.readouterr().err
+
+
+def test_sigint_stops_a_command_started_in_the_background_like_ctrl_c():
+    """A shell starts background jobs with SIGINT ignored; within a command the signal still interrupts
+    (KeyboardInterrupt, so `train` checkpoints), and the previous handlers come back afterwards."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, time\n"
+        "from services.cli import stop_like_ctrl_c\n"
+        "assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n"
+        "try:\n"
+        "    with stop_like_ctrl_c():\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        time.sleep(30)\n"
+        "    print('not interrupted')\n"
+        "except KeyboardInterrupt as e:\n"
+        "    print('interrupted:', e)\n"
+        "print('restored:', signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n"
+        "with stop_like_ctrl_c():\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(30)\n"
+        "    except KeyboardInterrupt as e:\n"
+        "        print('interrupted:', e)\n"
+    )
+    import signal
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["interrupted: stopped by SIGINT", "restored: True",
+                                       "interrupted: stopped by SIGTERM"]
