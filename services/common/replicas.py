@@ -179,6 +179,7 @@ class Wait:
     def __init__(self, watch: ReplicaWatch, what: str):
         self.watch, self.what = watch, what
         self.starting_since: float | None = None
+        self.started_at: float | None = None  # when the last replacement this wait saw stopped starting
         self.logged = 0.0
 
     def check(self, t0: float) -> None:
@@ -193,8 +194,10 @@ class Wait:
                 w.waits += 1
             limit, began, which = w.start_timeout_s, self.starting_since, "ray.replica_wait_s"
         else:
+            if self.starting_since is not None:  # the replacement is up: the handle still has to route to it,
+                self.started_at = now            # so the call's own limit counts again from here, not from t0
             self.close()
-            limit, began, which = w.call_timeout_s, t0, "ray.call_timeout_s"
+            limit, began, which = w.call_timeout_s, self.started_at or t0, "ray.call_timeout_s"
         if limit and now - began > limit:
             self.close()
             raise TimeoutError(f"{self.what}: no replica took it within {limit:g}s ({which}): {seen.why}")

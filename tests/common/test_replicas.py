@@ -90,6 +90,30 @@ def _replica_states(name: str) -> dict:
     return dict(app.deployments["probe"].replica_states) if app and "probe" in app.deployments else {}
 
 
+def test_the_call_timeout_counts_again_from_when_a_slow_replacement_came_up():
+    """A replacement that started for longer than ray.call_timeout_s is up: the handle still has to route
+    the call to it, so the call's own limit restarts there (it failed at once before, when the full
+    suite's load made the routing lag the replica's start)."""
+    from services.common.replicas import Seen, Wait
+
+    class Scripted(ReplicaWatch):
+        def __init__(self, verdicts):
+            super().__init__("app", "d", {}, start_timeout_s=600, call_timeout_s=2)
+            self.verdicts = iter(verdicts)
+
+        def look(self):
+            return Seen(next(self.verdicts), 1, 0, "scripted")
+
+    watch = Scripted(["starting", "running", "running"])
+    wait, t0 = Wait(watch, "a call"), time.monotonic() - 60  # the wait began a minute ago
+    wait.check(t0)  # starting: the replica_wait limit applies
+    wait.check(t0)  # up now: not "no replica took it within 2s", though t0 is 60 s back
+    assert watch.waits == 1 and watch.waited_s >= 0
+    time.sleep(2.1)
+    with pytest.raises(TimeoutError, match="within 2s"):
+        wait.check(t0)  # still untaken two seconds after the replacement came up: the call's own limit
+
+
 def test_a_call_waits_for_a_slow_replacement_beyond_the_call_timeout(serve_http, tmp_path):
     import ray
     from ray import serve
