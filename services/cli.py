@@ -350,9 +350,10 @@ COMMANDS = {"view": _view, "plan": _plan, "sft": _sft, "train": _train, "eval": 
 def stop_like_ctrl_c():
     """While a command runs, SIGINT and SIGTERM stop it the way Ctrl-C does in a terminal (``train`` and
     ``compare`` checkpoint the current step, ``serve`` shuts its services down), also when a shell started
-    it in the background, where SIGINT arrives ignored and Python installs no handler. Once the command
-    connects to Ray, ``ray.init`` replaces the SIGTERM handler with its own (``sys.exit``), which unwinds
-    through the same ``finally`` blocks. The previous handlers come back afterwards (tests call ``main``)."""
+    it in the background, where SIGINT arrives ignored and Python installs no handler. ``ray.init`` sets
+    a SIGTERM handler of its own (``sys.exit``, after which the process aborted at exit);
+    services/pipeline/apps.py ``connect`` puts this one back. The previous handlers come back afterwards
+    (tests call ``main``)."""
     def stop(signum, frame):
         raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
