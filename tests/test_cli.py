@@ -99,6 +99,7 @@ def test_options_and_overrides_in_any_order(capsys):
 def test_sigint_stops_a_command_started_in_the_background_like_ctrl_c():
     """A shell starts background jobs with SIGINT ignored; within a command the signal still interrupts
     (KeyboardInterrupt, so `train` checkpoints), and the previous handlers come back afterwards."""
+    import signal
     import subprocess
     import sys
 
@@ -121,8 +122,6 @@ def test_sigint_stops_a_command_started_in_the_background_like_ctrl_c():
         "    except KeyboardInterrupt as e:\n"
         "        print('interrupted:', e)\n"
     )
-    import signal
-
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert out.returncode == 0, out.stderr

@@ -102,8 +102,7 @@ def run_eval(cfg: MempoConfig, pipe, prompts: dict[int, list[Prompt]], step: int
     ordered = [p for k in sorted(prompts) for p in prompts[k]]
     batch = PromptBatch(prompts=ordered, n=1, policy_version=step, step=step, seed=cfg.train.seed + 7919,
                         temperature=cfg.eval.temperature, search=search)
-    calls = -(-len(ordered) // cfg.rollout.groups_per_call)  # the driver's calls (RolloutDriver.split)
-    with tqdm(total=calls, desc=f"eval step {step}{'' if search else ', search off'}", unit="call",
+    with tqdm(total=len(pipe.rollout.split(batch)), desc=f"eval step {step}{'' if search else ', search off'}", unit="call",
               leave=False, dynamic_ncols=True) as bar:  # minutes at long horizons: show the calls landing
         traj_refs = pipe.rollout.rollout(batch, on_result=lambda i, ref: bar.update())
     score_refs = pipe.scorer.score(traj_refs) if cfg.eval.memory_reward and pipe.scorer is not None else []
