@@ -24,6 +24,9 @@ filter mode it prints:
                one prompt that had been shown the same facts (the comparison a prompt's pool makes at
                one point of the episode); then per loss kind;
   P_mem, P_full  mean per class; lose P_mem=1  share of lose blocks with P_mem exactly 1.0;
+  A_mem AUC    the same AUC on the advantages the learner makes of R_mem (normalised within each pool
+               of ``algorithm.mem_pooling``: prompt, prompt_turn, prompt_seen), pooled over prompts: a
+               block alone in its pool gets 0;
   pool std     mean over prompts of the unbiased std of R_mem over the prompt's pool of blocks
                (the learner's ``mem_pool_std_mean``);
   non-answer   mean log-prob of the continuation's non-answer tokens (its think sentence and
@@ -64,6 +67,7 @@ def all_rules() -> tuple[tuple[str, str], ...]:
 
     return tuple((f, a) for f in FILTERS for a in AVERAGES)
 
+from services.learner.advantages import MEM_POOLINGS  # noqa: E402  (the learner's pool choices)
 from services.scorer.retention import auc  # noqa: E402  (P(pos > neg) + ties/2, the retention check's)
 
 
@@ -177,9 +181,43 @@ def table_row(blocks: list[dict], template: str, rule: tuple[str, str], cfg) -> 
                lose_p_mem_1=float(np.mean([b["r"][0] == 1.0 for b in lose])) if lose else float("nan"))
     pools = [[b["r"][2] for b in blocks if b["prompt"] == p] for p in sorted({b["prompt"] for b in blocks})]
     row["pool_std"] = float(np.mean([np.std(v, ddof=1) for v in pools if len(v) >= 2]))
+    for pooling in MEM_POOLINGS:  # what the learner's normalisation makes of R_mem, under each pooling
+        row[f"a_auc_{pooling}"] = auc(*advantages_by_label(blocks, pooling, cfg))
     row["nonanswer_mem"] = float(np.mean([b["scores"][template]["nonanswer_mem"] for b in blocks]))
     row["nonanswer_full"] = float(np.mean([b["scores"][template]["nonanswer_full"] for b in blocks]))
     return row
+
+
+def advantages_by_label(blocks: list[dict], pooling: str, cfg) -> tuple[list[float], list[float]]:
+    """A_mem of the keep and of the lose blocks, each block normalised (the learner's ``normalize``)
+    among the blocks of its prompt in the same pool (``b["pools"][pooling]``)."""
+    from services.learner.advantages import normalize
+
+    pools: dict[tuple, list[dict]] = {}
+    for b in blocks:
+        pools.setdefault((b["prompt"], b["pools"][pooling]), []).append(b)
+    a_mem = {}
+    for pool in pools.values():
+        for b, a in zip(pool, normalize([b["r"][2] for b in pool], cfg.algorithm.mem_eps, cfg.algorithm.mem_std_floor)):
+            a_mem[id(b)] = float(a)
+    return ([a_mem[id(b)] for b in blocks if b["label"] == "keep"],
+            [a_mem[id(b)] for b in blocks if b["label"] == "lose"])
+
+
+def pool_names(ep, t: int) -> dict[str, str]:
+    """The block's pool under each ``algorithm.mem_pooling`` (services/learner/advantages.pool_key), as
+    short stable strings (the --json output keeps them)."""
+    import hashlib
+
+    from services.learner.advantages import pool_key
+
+    out = {}
+    for pooling in MEM_POOLINGS:
+        key = pool_key(ep, t, pooling)
+        if isinstance(key, frozenset):
+            key = hashlib.sha1(b"|".join(sorted(key))).hexdigest()[:12]
+        out[pooling] = str(key)
+    return out
 
 
 def print_table(rows: list[dict]) -> None:
@@ -189,7 +227,8 @@ def print_table(rows: list[dict]) -> None:
             ("AUC bridge", "auc_bridge", "{:.3f}"), ("AUC distractor", "auc_distractor", "{:.3f}"),
             ("P_mem keep", "p_mem_keep", "{:.3f}"), ("P_mem lose", "p_mem_lose", "{:.3f}"),
             ("P_full keep", "p_full_keep", "{:.3f}"), ("P_full lose", "p_full_lose", "{:.3f}"),
-            ("lose P_mem=1", "lose_p_mem_1", "{:.3f}"), ("pool std R_mem", "pool_std", "{:.3f}"),
+            ("lose P_mem=1", "lose_p_mem_1", "{:.3f}"),
+            *[(f"A_mem AUC {p}", f"a_auc_{p}", "{:.3f}") for p in MEM_POOLINGS], ("pool std R_mem", "pool_std", "{:.3f}"),
             ("non-answer logp mem / full", None, None)]
     print("| " + " | ".join(c[0] for c in cols) + " |")
     print("|" + "---|" * len(cols))
@@ -256,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "nonanswer_full": float(s["full"][~s["answer"]].mean())}
             blocks.append({"prompt": p, "episode": b["episode"], "behaviour": traj.behaviour, "turn": lab.turn,
                            "label": lab.label, "kinds": sorted({x.kind for x in lab.lost}),
-                           "shown": len(lab.shown), "lost": [[x.kind, x.fact.value, x.replaced_by] for x in lab.lost],
+                           "shown": len(lab.shown), "pools": pool_names(ep, b["turn"]), "lost": [[x.kind, x.fact.value, x.replaced_by] for x in lab.lost],
                            "scores": scores})
     rules = all_rules() if args.rules == "all" else RULES
     table = [table_row(blocks, name, rule, cfg) for name in temps for rule in rules]

@@ -119,14 +119,15 @@ def _train(argv: list[str]) -> int:
     cfg = _load(p.parse_intermixed_args(argv).args)
     _setup_logging()
     from services.common.calls import CallError
+    from services.common.replicas import NoReplica
     from services.pipeline.train import train
 
     try:
         train(cfg)
     except KeyboardInterrupt:
         return 130
-    except CallError as e:  # a stage kept failing (retries spent, or no replica came up in time)
-        print(f"error: {e}", file=sys.stderr)
+    except (CallError, NoReplica, TimeoutError) as e:  # a stage kept failing (retries spent), or no replica
+        print(f"error: {e}", file=sys.stderr)           # came up in time (a call's, or a weight sync's)
         return 1
     return 0
 

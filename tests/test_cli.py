@@ -76,6 +76,21 @@ def test_train_without_an_sft_policy_says_what_to_run(tmp_path, capsys):
     assert "run `mempo sft`" in capsys.readouterr().err
 
 
+def test_train_that_finds_no_replica_ends_with_one_error_line(monkeypatch, capsys):
+    # a weight sync (not a call) that finds no replica raises NoReplica or TimeoutError out of the loop:
+    # the command says so in one line and exits 1, as for a failed call, not with a traceback
+    import services.pipeline.train as train_module
+    from services.common.replicas import NoReplica
+
+    for error in (NoReplica("the weight sync of rollout: no replica can take it: no live node has that many"),
+                  TimeoutError("the weight sync of rollout: no replica took it within 60s (ray.call_timeout_s)")):
+        def fail(cfg, error=error):
+            raise error
+        monkeypatch.setattr(train_module, "train", fail)
+        assert main(["train", "deploy/configs/tiny.yaml"]) == 1
+        assert capsys.readouterr().err == f"error: {error}\n"
+
+
 def test_eval_rejects_a_policy_that_is_not_a_model_directory(tmp_path, capsys):
     assert main(["eval", f"train.run_dir={tmp_path}", f"--policy=x={tmp_path}"]) == 2
     assert "not a Hugging Face model directory" in capsys.readouterr().err

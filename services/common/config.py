@@ -261,7 +261,7 @@ class ScorerConfig(_Section):
 class AlgorithmConfig(_Section):
     grpo_eps: float = Field(1e-6, gt=0, description="A_out = (R - mean) / (std + grpo_eps).")
     mem_eps: float = Field(1e-6, gt=0, description="A_mem = (R_mem - mean) / (std + mem_eps).")
-    mem_pooling: Literal["prompt", "prompt_turn"] = Field("prompt", description="Pool memory rewards per prompt (reference) or per (prompt, turn index).")
+    mem_pooling: Literal["prompt", "prompt_turn", "prompt_seen"] = Field("prompt", description="Which memory rewards one <mem> block is normalised against: every block of the prompt's group (prompt, reference), those of the same turn number (prompt_turn), or those written after the same tool responses (prompt_seen: the same passages shown, order ignored).")
     mem_alpha: float = Field(1.0, description="Weight of A_mem added on <mem> tokens (reference 1).")
     mem_std_floor: float = Field(0.0, ge=0, description="A_mem = (R_mem - mean) / (max(std, mem_std_floor) + mem_eps): a pool whose memory rewards differ by less than the floor gets proportionally small advantages instead of unit-scale noise (0 = the reference's plain normalisation; R_mem lies in [-1, 1]).")
     outcome_on_mem: bool = Field(True, json_schema_extra=baseline("mem_only", "MemPO, memory tokens trained by the memory reward alone", False), description="False: the <mem> tokens get no outcome advantage, only alpha * A_mem (the memory is trained by the memory reward alone).")

@@ -4,7 +4,9 @@
               episode's format is invalid (it never answered, or a turn broke the grammar)
     A_out   = (R_out - mean_group) / (std_group + eps)                       per episode
     A_mem   = (R_mem - mean_pool) / (max(std_pool, floor) + eps)             per <mem> block, pooled
-              over the prompt's group ("prompt", reference) or per (prompt, turn) ("prompt_turn");
+              over the prompt's group ("prompt", reference), per (prompt, turn) ("prompt_turn"), or
+              per (prompt, the observations the episode had seen before this turn) ("prompt_seen":
+              memories compared only with memories written after the same search results);
               floor = algorithm.mem_std_floor (0 in the reference: plain normalisation)
     A_token = A_out on every generated token of the episode, + alpha * A_mem on the tokens of that
               turn's <mem>...</mem> span; observation tokens get no loss
@@ -78,6 +80,23 @@ def token_advantage(n_tokens: int, a_out: float, mem_span: tuple[int, int], a_me
     return adv
 
 
+MEM_POOLINGS = ("prompt", "prompt_turn", "prompt_seen")
+
+
+def pool_key(ep: Episode, t: int, pooling: str):
+    """Which pool of its prompt's group the <mem> block of turn index ``t`` joins: one pool for the
+    group ("prompt"), one per turn number ("prompt_turn"), or one per set of observations the episode
+    had been shown before the block ("prompt_seen": the token ids of each earlier tool response, order
+    and repeats ignored, so two episodes that retrieved the same passages compare their memories)."""
+    if pooling == "prompt":
+        return None
+    if pooling == "prompt_turn":
+        return ep.turns[t].turn
+    if pooling == "prompt_seen":
+        return frozenset(turn.observation_ids.tobytes() for turn in ep.turns[:t])
+    raise ValueError(f"unknown memory pooling {pooling!r}; choose from {', '.join(MEM_POOLINGS)}")
+
+
 def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch], cfg: AlgorithmConfig) -> Advantages:
     out = Advantages()
     varied = 0  # groups whose outcome rewards differ: the only ones GRPO's outcome advantage learns from
@@ -94,8 +113,7 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
             out.rewards[(g, e)], out.f1[(g, e)], out.a_out[(g, e)] = r, f1, float(a)
         pools: dict[object, list] = defaultdict(list)
         for s in by_group.get(g, []):
-            turn_no = group.episodes[s.episode].turns[s.turn].turn
-            pools[None if cfg.mem_pooling == "prompt" else turn_no].append(s)
+            pools[pool_key(group.episodes[s.episode], s.turn, cfg.mem_pooling)].append(s)
         for pool in pools.values():
             r_mem = [s.r_mem for s in pool]
             if len(pool) >= 2:

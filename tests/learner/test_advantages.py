@@ -19,7 +19,8 @@ from services.common.messages import (
     TurnRecord,
 )
 from services.common.rewards import exact_match, multi_objective_em, normalize_answer
-from services.learner.advantages import compute_advantages, format_valid, normalize, outcome_reward, token_advantage
+from services.learner.advantages import (compute_advantages, format_valid, normalize, outcome_reward, pool_key,
+                                         token_advantage)
 
 I32 = np.int32
 
@@ -135,6 +136,26 @@ def test_prompt_turn_pooling_and_no_memory_reward():
     assert per_turn.a_mem[(0, 0, 1)] == pytest.approx(a, rel=1e-5) and per_turn.a_mem[(0, 1, 2)] == pytest.approx(-a, rel=1e-5)
     off = compute_advantages(batch, scores, AlgorithmConfig(use_memory_reward=False))
     assert off.a_mem == {} and all((v == off.a_out[k[:2]]).all() for k, v in off.token_advantages.items())
+
+
+def test_prompt_seen_pooling_compares_memories_written_after_the_same_observations():
+    group = _group(["Kroumia", "x", "Kroumia"])
+    shown = [[7, 8], [7, 9], [7, 8]]  # episodes 0 and 2 retrieved the same passage at turn 1, episode 1 another
+    for ep, obs in zip(group.episodes, shown):
+        ep.turns[0].observation_ids = np.asarray(obs, I32)
+        ep.turns[1].observation_ids = np.asarray([5], I32)  # turn 2's results: the same for every episode
+    batch = TrajectoryBatch(groups=[group], policy_version=0)
+    scores = _scores([(0, 1, 0.9), (1, 1, 0.0), (2, 1, 0.1), (0, 2, 0.3), (1, 2, 0.2), (2, 2, 0.7)])
+    seen = compute_advantages(batch, scores, AlgorithmConfig(mem_pooling="prompt_seen"))
+    a = 0.4 / (math.sqrt(0.32) + 1e-6)  # [0.9, 0.1]: deviation 0.4 over unbiased std sqrt(0.32)
+    assert seen.a_mem[(0, 0, 1)] == pytest.approx(a, rel=1e-5) and seen.a_mem[(0, 2, 1)] == pytest.approx(-a, rel=1e-5)
+    assert seen.a_mem[(0, 1, 1)] == 0.0  # no other memory followed its observations: nothing to compare with
+    assert seen.a_mem[(0, 1, 2)] == 0.0  # turn 3 of episode 1 saw [7, 9] and [5]: alone again
+    assert seen.a_mem[(0, 0, 2)] == pytest.approx(-a, rel=1e-5) and seen.a_mem[(0, 2, 2)] == pytest.approx(a, rel=1e-5)
+    assert seen.metrics["mem_pools"] == 2.0  # pools of two or more blocks
+    assert pool_key(group.episodes[0], 1, "prompt_seen") == pool_key(group.episodes[2], 1, "prompt_seen")
+    with pytest.raises(ValueError, match="unknown memory pooling"):
+        pool_key(group.episodes[0], 1, "episode")
 
 
 @settings(max_examples=60, deadline=None)
