@@ -77,6 +77,22 @@ def join_options(address: str) -> dict[str, Any]:
 PATIENT_SERVE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 
 
+def init_keeping_sigterm(**options: Any) -> None:
+    """``ray.init(**options)``, leaving a callable SIGTERM handler of this process in place: ray.init
+    replaces it with ``sys.exit``, after which a ``kill`` aborted a mempo command at exit (rc 134)
+    instead of stopping it like Ctrl-C (services/cli.py ``stop_like_ctrl_c``)."""
+    import signal
+    import threading
+
+    import ray
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
+    ray.init(**options)
+    if callable(sigterm):
+        signal.signal(signal.SIGTERM, sigterm)
+
+
 def use_loopback_node() -> None:
     """Tell Ray (this process and what it starts) that the node's address is loopback, not routable, and
     that a slow machine is no reason to kill Serve's HTTP proxy (``PATIENT_SERVE_ENV``, unless set)."""

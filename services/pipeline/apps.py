@@ -16,8 +16,6 @@ the scorer at ``/scorer`` (``POST /scorer/score``); with a prefix p: ``/{p}searc
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,17 +70,13 @@ def connect(cfg: MempoConfig, with_serve: bool = True) -> None:
     import ray
     from ray import serve
 
-    from services.common.local_ray import join_options, local_init_options
+    from services.common.local_ray import init_keeping_sigterm, join_options, local_init_options
 
     if not ray.is_initialized():
-        main_thread = threading.current_thread() is threading.main_thread()
-        sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
         if cfg.ray.address:
-            ray.init(**join_options(cfg.ray.address))
+            init_keeping_sigterm(**join_options(cfg.ray.address))
         else:  # a cluster of our own: loopback only, token auth on (services/common/local_ray.py)
-            ray.init(**local_init_options(cfg.ray.num_cpus or None, cfg.ray.object_store_memory))
-        if callable(sigterm):  # the command's Ctrl-C-like stop (services/cli.py), which ray.init replaces by sys.exit
-            signal.signal(signal.SIGTERM, sigterm)
+            init_keeping_sigterm(**local_init_options(cfg.ray.num_cpus or None, cfg.ray.object_store_memory))
     for name in ("ray", "ray.serve"):  # keep the console to mempo's own lines
         logging.getLogger(name).setLevel(logging.WARNING)
     if with_serve:

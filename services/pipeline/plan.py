@@ -172,10 +172,10 @@ def cluster_nodes(address: str) -> list[dict[str, float]]:
     """:func:`live_nodes` of the cluster at ``address`` (joined if this process is not connected yet)."""
     import ray
 
-    from services.common.local_ray import join_options
+    from services.common.local_ray import init_keeping_sigterm, join_options
 
     if not ray.is_initialized():
-        ray.init(**join_options(address))
+        init_keeping_sigterm(**join_options(address))
     return live_nodes()
 
 

@@ -60,3 +60,30 @@ def test_serve_replica_grpc_moves_to_loopback_on_a_loopback_node(monkeypatch):
     monkeypatch.setattr(local_ray, "_node_is_loopback", lambda: False)
     fake.add_port_to_grpc_server(None, "[::]:0")
     assert bound == ["127.0.0.1:0", "[::]:0"]
+
+
+def test_init_keeping_sigterm_puts_the_commands_handler_back(monkeypatch):
+    # ray.init installs a SIGTERM handler that calls sys.exit (Ray 2.60's worker.py); the command's own
+    # Ctrl-C-like handler must survive it, and with no callable handler before, Ray's stays
+    import signal
+
+    import ray
+
+    def rays_handler(signum, frame):
+        raise SystemExit(1)
+
+    seen = {}
+    monkeypatch.setattr(ray, "init", lambda **kw: (seen.update(kw), signal.signal(signal.SIGTERM, rays_handler)))
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        def ours(signum, frame):
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, ours)
+        local_ray.init_keeping_sigterm(address="127.0.0.1:6379")
+        assert seen == {"address": "127.0.0.1:6379"} and signal.getsignal(signal.SIGTERM) is ours
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        local_ray.init_keeping_sigterm()
+        assert signal.getsignal(signal.SIGTERM) is rays_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
