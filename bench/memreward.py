@@ -196,12 +196,11 @@ def advantages_by_label(blocks: list[dict], pooling: str, cfg) -> tuple[list[flo
     pools: dict[tuple, list[dict]] = {}
     for b in blocks:
         pools.setdefault((b["prompt"], b["pools"][pooling]), []).append(b)
-    a_mem = {}
+    by_label: dict[str, list[float]] = {"keep": [], "lose": [], "none": []}
     for pool in pools.values():
         for b, a in zip(pool, normalize([b["r"][2] for b in pool], cfg.algorithm.mem_eps, cfg.algorithm.mem_std_floor)):
-            a_mem[id(b)] = float(a)
-    return ([a_mem[id(b)] for b in blocks if b["label"] == "keep"],
-            [a_mem[id(b)] for b in blocks if b["label"] == "lose"])
+            by_label[b["label"]].append(float(a))
+    return by_label["keep"], by_label["lose"]
 
 
 def pool_names(ep, t: int) -> dict[str, str]:

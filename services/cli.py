@@ -353,7 +353,7 @@ def stop_like_ctrl_c():
     ``compare`` checkpoint the current step, ``serve`` shuts its services down), also when a shell started
     it in the background, where SIGINT arrives ignored and Python installs no handler. ``ray.init`` sets
     a SIGTERM handler of its own (``sys.exit``, after which the process aborted at exit);
-    services/pipeline/apps.py ``connect`` puts this one back. The previous handlers come back afterwards
+    services/common/local_ray.py ``init_keeping_sigterm``, mempo's one ``ray.init``, puts this one back. The previous handlers come back afterwards
     (tests call ``main``)."""
     def stop(signum, frame):
         raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, get_args
 
 import numpy as np
 
@@ -80,7 +80,7 @@ def token_advantage(n_tokens: int, a_out: float, mem_span: tuple[int, int], a_me
     return adv
 
 
-MEM_POOLINGS = ("prompt", "prompt_turn", "prompt_seen")
+MEM_POOLINGS = get_args(AlgorithmConfig.model_fields["mem_pooling"].annotation)  # the config's choices
 
 
 def pool_key(ep: Episode, t: int, pooling: str):
