@@ -6,12 +6,21 @@ episodes concurrently (multi-turn, memory contexts, stop strings, searches over 
 then the engine generates the same total number of tokens as one request per episode with
 ``ignore_eos`` (one long turn each, no tools). Ratio = agent tokens/s / raw tokens/s (target >= 0.8).
 
+Between the two, three measurements split the gap into its causes (each ratio prints with them):
+``matched`` (one request per episode of that episode's own length: the skew of episode lengths),
+``chained`` (each episode's turns replayed in order with their exact contexts, no searches: turn
+boundaries and memory-context prefills) and the agent loop itself (searches, parsing, its Python).
+``replay`` (every turn at once) and ``two calls`` (two agent-loop calls in flight sharing the
+episode slots) are printed beside them. Every measurement starts from an empty prefix cache, so no
+replay reads the KV blocks the agent loop left; each runs ``--rounds`` times and medians are printed,
+with the CPU seconds of the engine core, this process (loop + vLLM front end) and the search replica.
+
 The policy is the tiny world model after a short grammar SFT (tests/rollout/grammar_model.py,
 cached), so episodes really search and answer. The engine runs at the Ray workers' niceness, as the
 rollout replica's does in the pipeline (at a higher priority it would starve the search replica).
 It also prints the engine's batch occupancy and the longest episode's sequential tokens.
 
-    .venv/bin/python bench/rollout.py [--prompts 16] [--n 4]
+    .venv/bin/python bench/rollout.py [--prompts 16] [--n 4] [--rounds 3] [key=value ...]
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,13 +37,54 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
-async def _bench(loop, engine, batch) -> dict:
-    # warm-up: one short episode and one short raw request
-    from dataclasses import replace
+def _cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of this process (the agent loop and vLLM's front end), the engine core
+    (a child) and the search replica (a Ray worker): where the two cores go during a measurement."""
+    import psutil
 
+    me = psutil.Process()
+    out = {"front end + loop": sum(me.cpu_times()[:2]), "engine core": 0.0, "search replica": 0.0, "other": 0.0}
+    for c in me.children(recursive=True):
+        try:
+            out["engine core"] += sum(c.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if proc.pid == me.pid or proc.ppid() == me.pid:
+                continue
+            cmd = " ".join(proc.info["cmdline"] or [])
+            key = "search replica" if "search" in cmd and "ServeReplica" in cmd else "other"
+            if "ray::" in cmd or "ray" in (proc.info["name"] or "") or key == "search replica":
+                out[key] += sum(proc.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return out
+
+
+def _cpu_delta(before: dict, after: dict) -> dict:
+    return {k: after[k] - before[k] for k in before}
+
+
+def _params(n: int):
     from vllm import SamplingParams
 
-    await loop.run(replace(batch, prompts=batch.prompts[:1], n=1))
+    return SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True, logprobs=0, seed=0)
+
+
+async def _timed(engine, work) -> tuple[float, dict, object]:
+    """Run ``work()`` from an empty prefix cache (each measurement prefills its own contexts):
+    (seconds, CPU seconds per process, result)."""
+    await engine.engine.reset_prefix_cache()
+    t0, c0 = time.perf_counter(), _cpu_seconds()
+    out = await work()
+    return time.perf_counter() - t0, _cpu_delta(c0, _cpu_seconds()), out
+
+
+async def _round(loop, engine, batch) -> dict:
+    """One round of every measurement; returns {name: (tokens, seconds)} and the diagnostics."""
+    from dataclasses import replace
+
     busy: list[int] = []  # turns in the engine (running or queued), sampled every 20 ms while the agent loop runs
 
     async def sample_busy():
@@ -42,36 +93,131 @@ async def _bench(loop, engine, batch) -> dict:
             await asyncio.sleep(0.02)
 
     sampler = asyncio.create_task(sample_busy())
-    t0 = time.perf_counter()
-    out = await loop.run(batch)
-    agent_s = time.perf_counter() - t0
+    agent_s, agent_cpu, out = await _timed(engine, lambda: loop.run(batch))
     sampler.cancel()
     generated = int(out.metrics["generated_tokens"])
     episodes = [e for g in out.groups for e in g.episodes]
-    per = max(1, generated // len(episodes))
-    params = SamplingParams(temperature=1.0, max_tokens=per, ignore_eos=True, logprobs=0, seed=0)
     prompts = [e.prompt_ids.tolist() for e in episodes]
-    t0 = time.perf_counter()
-    raw = await asyncio.gather(*[engine.generate(p, params) for p in prompts])
-    raw_s = time.perf_counter() - t0
-    raw_tokens = sum(len(r.token_ids) for r in raw)
-    # replay: every turn's exact context and response length, all at once (no turn dependencies,
-    # no searches): the engine work of the agent loop without the loop
+    lengths = [sum(len(t.response_ids) for t in e.turns) for e in episodes]
     turns = [(t.context_ids.tolist(), len(t.response_ids)) for e in episodes for t in e.turns if len(t.response_ids)]
-    t0 = time.perf_counter()
-    replay = await asyncio.gather(*[engine.generate(c, SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True,
-                                                                      logprobs=0, seed=0)) for c, n in turns])
-    replay_s = time.perf_counter() - t0
-    return {"agent_tokens": generated, "agent_s": agent_s, "raw_tokens": raw_tokens, "raw_s": raw_s,
-            "replay_tokens": sum(len(r.token_ids) for r in replay), "replay_s": replay_s,
-            "episodes": len(episodes), "metrics": out.metrics, "busy": busy,
-            "longest": max((sum(len(t.response_ids) for t in e.turns), len(e.turns)) for e in episodes)}
+    gen = lambda reqs: asyncio.gather(*[engine.generate(c, _params(n)) for c, n in reqs])  # noqa: E731
+    count = lambda outs: sum(len(o.token_ids) for o in outs)  # noqa: E731
+    res = {"agent": (generated, agent_s)}
+    # raw: one request per episode, every one generating the mean episode's token count
+    raw_s, _, raw = await _timed(engine, lambda: gen([(p, max(1, generated // len(episodes))) for p in prompts]))
+    res["raw"] = (count(raw), raw_s)
+    # matched: one request per episode of that episode's own token count (the length skew kept)
+    s_, _, m = await _timed(engine, lambda: gen([(p, max(1, n)) for p, n in zip(prompts, lengths)]))
+    res["matched"] = (count(m), s_)
+    # replay: every turn's exact context and length at once (no turn dependencies, no searches)
+    s_, _, rp = await _timed(engine, lambda: gen(turns))
+    res["replay"] = (count(rp), s_)
+    # chained: each episode's turns in order (exact contexts and lengths), as many episodes at once as
+    # the loop runs: the turn dependencies and memory-context prefills without searches or parsing
+    slots = asyncio.Semaphore(loop.rc.max_concurrent_episodes)
+
+    async def chain(e):
+        async with slots:
+            for t in e.turns:
+                if len(t.response_ids):
+                    await engine.generate(t.context_ids.tolist(), _params(len(t.response_ids)))
+
+    chained_s, chained_cpu, _ = await _timed(engine, lambda: asyncio.gather(*[chain(e) for e in episodes]))
+    res["chained"] = (sum(lengths), chained_s)
+    # the same, with the loop's own sampling (its temperature, stop strings and per-turn seeds, so the
+    # turns end where they ended in the loop): what the loop's sampling costs the engine
+    from services.rollout.agent import _seed
+
+    async def chain_sampled(e):
+        async with slots:
+            n = 0
+            for t, turn in enumerate(e.turns, 1):
+                ctx = turn.context_ids.tolist()
+                budget = min(loop.rc.max_response_tokens, loop.cfg.engine.max_model_len - len(ctx))
+                out = await engine.generate(ctx, loop.sampling(budget, _seed(batch.seed, e.uid.rsplit("/", 1)[0],
+                                                                             e.sample, t), batch.temperature))
+                n += len(out.token_ids)
+            return n
+
+    s_, sampled_cpu, ns = await _timed(engine, lambda: asyncio.gather(*[chain_sampled(e) for e in episodes]))
+    res["chained, loop sampling"] = (sum(ns), s_)
+    # two calls in flight on one loop (its episode slots shared): the second call's episodes take the
+    # slots the first call's stragglers leave, as consecutive steps' rollouts could overlap
+    s_, _, pair = await _timed(engine, lambda: asyncio.gather(
+        *[loop.run(replace(batch, seed=batch.seed + 100 + i)) for i in range(2)]))
+    pair_tokens = sum(int(o.metrics["generated_tokens"]) for o in pair)
+    res["two calls"] = (pair_tokens, s_)
+    s_, _, raw2 = await _timed(engine, lambda: gen([(p, max(1, pair_tokens // (2 * len(prompts)))) for p in prompts * 2]))
+    res["raw, 2x"] = (count(raw2), s_)
+    return {"tokens_s": res, "cpu": {"agent": agent_cpu, "chained": chained_cpu, "chained, loop sampling": sampled_cpu}, "busy": busy,
+            "episodes": len(episodes), "metrics": out.metrics,
+            "longest": max((n, len(e.turns)) for n, e in zip(lengths, episodes))}
+
+
+# measurement -> what it is, printed beside its speed
+WHAT = {
+    "agent": "the MemPO agent loop (multi-turn, memory contexts, searches through Serve)",
+    "raw": "one request per episode, each the mean episode's token count",
+    "matched": "one request per episode, each that episode's own token count",
+    "replay": "every turn's exact context and length at once",
+    "chained": "each episode's turns in order, exact contexts and lengths, no searches",
+    "chained, loop sampling": "the same with the loop's temperature, stop strings and seeds",
+    "two calls": "two agent-loop calls in flight on one loop",
+    "raw, 2x": "raw for the two calls' tokens",
+}
+# ratio -> (numerator, denominator, what the step between them costs)
+RATIOS = {
+    "agent/raw": ("agent", "raw", "the issue's ratio (target >= 0.8)"),
+    "agent/chained": ("agent", "chained", "searches, parsing and the loop's own work"),
+    "chained/matched": ("chained", "matched", "turn boundaries and memory-context prefills"),
+    "matched/raw": ("matched", "raw", "the skew of episode lengths (stragglers)"),
+    "agent/replay": ("agent", "replay", "everything the loop adds to its turns' engine work"),
+    "two calls/raw, 2x": ("two calls", "raw, 2x", "the straggler tail filled by a second call"),
+}
+
+
+async def _bench(loop, engine, batch, rounds: int) -> dict:
+    from dataclasses import replace
+
+    await loop.run(replace(batch, prompts=batch.prompts[:1], n=1))  # warm-up: one short episode
+    return {"rounds": [await _round(loop, engine, batch) for _ in range(rounds)]}
+
+
+def _report(r: dict, cfg, args) -> None:
+    rounds = r["rounds"]
+    tps = {k: [x["tokens_s"][k][0] / x["tokens_s"][k][1] for x in rounds] for k in WHAT}
+    first = rounds[0]
+    m = first["metrics"]
+    print(f"\nrollout bench: {first['episodes']} episodes ({args.prompts} prompts x n={args.n}), {os.cpu_count()} CPUs, "
+          f"engine at nice {os.nice(0)}, {len(rounds)} rounds (medians; every measurement from an empty prefix cache)")
+    print(f"  episodes: {m['turns_mean']:.2f} turns, {int(m['tool_calls'])} searches, answered {m['answered_share']:.0%}, "
+          f"tool wait {m['tool_s']:.2f}s summed over episodes (first round)")
+    for k, what in WHAT.items():
+        print(f"  {k:22s}: {first['tokens_s'][k][0]:6d} tokens, {statistics.median(tps[k]):7.1f} tok/s "
+              f"(rounds: {' / '.join(f'{v:.0f}' for v in tps[k])})  {what}")
+    print(f"  prefilled context tokens across the agent's turns: {m['total_tokens_mean'] * first['episodes'] - first['tokens_s']['agent'][0]:.0f} "
+          f"(raw: {first['episodes']} prompts)")
+    longest, turns = first["longest"]
+    print(f"  the longest episode generated {longest} tokens in {turns} turns one after another "
+          f"(raw requests: {first['tokens_s']['raw'][0] // first['episodes']} tokens each)")
+    busy, seqs = [b for x in rounds for b in x["busy"]], cfg.engine.max_num_seqs
+    print(f"  agent loop's engine batch: {sum(busy) / max(1, len(busy)):.1f} turns in it (running or queued) on average "
+          f"(max_num_seqs {seqs}, max_concurrent_episodes {cfg.rollout.max_concurrent_episodes}); "
+          f"full {sum(b >= seqs for b in busy) / max(1, len(busy)):.0%} of the time, "
+          f"under half {sum(b < seqs / 2 for b in busy) / max(1, len(busy)):.0%}")
+    for k in first["cpu"]:
+        cpu = {name: statistics.median(x["cpu"][k][name] for x in rounds) for name in first["cpu"][k]}
+        print(f"  CPU seconds during {k:7s}: " + ", ".join(f"{name} {v:.2f}" for name, v in cpu.items()))
+    for name, (a, b, what) in RATIOS.items():
+        per = [x / y for x, y in zip(tps[a], tps[b])]
+        print(f"  {name:18s} = {statistics.median(per):.2f}  (rounds: {' / '.join(f'{v:.2f}' for v in per)})  {what}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every measurement (medians are printed)")
     ap.add_argument("--config", default="deploy/configs/tiny.yaml")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = ap.parse_args(argv)
@@ -110,33 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         engine = PolicyEngine(cfg, model)
         loop = AgentLoop(cfg, engine, AutoTokenizer.from_pretrained(model), search)
         prompts = load_prompts(world / "test.parquet", limit=args.prompts)
-        res = await _bench(loop, engine, PromptBatch(prompts=prompts, n=args.n, policy_version=0, seed=1))
+        res = await _bench(loop, engine, PromptBatch(prompts=prompts, n=args.n, policy_version=0, seed=1), args.rounds)
         engine.shutdown()
         return res
 
-    r = asyncio.run(run())
-    m = r["metrics"]
-    agent_tps, raw_tps = r["agent_tokens"] / r["agent_s"], r["raw_tokens"] / r["raw_s"]
-    print(f"\nrollout bench: {r['episodes']} episodes ({args.prompts} prompts x n={args.n}), {os.cpu_count()} CPUs, "
-          f"engine at nice {os.nice(0)}")
-    print(f"  agent loop : {r['agent_tokens']:6d} tokens in {r['agent_s']:6.2f}s = {agent_tps:7.1f} tok/s "
-          f"(turns/episode {m['turns_mean']:.2f}, searches {int(m['tool_calls'])}, answered {m['answered_share']:.0%}, "
-          f"tool wait {m['tool_s']:.2f}s summed over episodes)")
-    print(f"  raw engine : {r['raw_tokens']:6d} tokens in {r['raw_s']:6.2f}s = {raw_tps:7.1f} tok/s")
-    replay_tps = r["replay_tokens"] / r["replay_s"]
-    print(f"  replay     : {r['replay_tokens']:6d} tokens in {r['replay_s']:6.2f}s = {replay_tps:7.1f} tok/s "
-          f"(every turn's context and length at once: the loop's engine work without the loop)")
-    print(f"  context tokens prefilled by the agent's turns: {m['total_tokens_mean'] * r['episodes'] - r['agent_tokens']:.0f} "
-          f"(raw: {r['episodes']} prompts)")
-    longest, turns = r["longest"]
-    print(f"  turn dependencies: the longest episode generated {longest} tokens in {turns} turns "
-          f"one after another (the raw engine's requests: {r['raw_tokens'] // r['episodes']} tokens each)")
-    busy, seqs = r["busy"], cfg.engine.max_num_seqs
-    print(f"  agent loop's engine batch: {sum(busy) / max(1, len(busy)):.1f} turns in it (running or queued) on average "
-          f"(max_num_seqs {seqs}, max_concurrent_episodes {cfg.rollout.max_concurrent_episodes}); "
-          f"full {sum(b >= seqs for b in busy) / max(1, len(busy)):.0%} of the time, "
-          f"under half {sum(b < seqs / 2 for b in busy) / max(1, len(busy)):.0%}")
-    print(f"  ratio agent/raw = {agent_tps / raw_tps:.2f}  (target >= 0.8)   agent/replay = {agent_tps / replay_tps:.2f}")
+    _report(asyncio.run(run()), cfg, args)
     serve.shutdown()
     ray.shutdown()
     return 0

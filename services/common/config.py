@@ -183,6 +183,7 @@ class EngineConfig(_Section):
     seed: int = Field(0, description="vLLM engine seed.")
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU machines, GiB.")
     max_num_seqs: int = Field(64, ge=1, description="vLLM max_num_seqs: sequences batched per engine step.")
+    cpu_threads: int = Field(0, ge=-1, description="CPU machines only: OpenMP threads of the vLLM worker, left unpinned so the replica shares the cores Ray gives it; 0 = the rollout replica's reserved CPUs (rollout.num_cpus) rounded down, at least 1; -1 = vLLM's own binding (one pinned thread per core of the machine). Ignored when VLLM_CPU_OMP_THREADS_BIND is set in the environment.")
 
 
 class RolloutConfig(_Section):

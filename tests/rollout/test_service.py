@@ -1,5 +1,7 @@
 """The rollout deployment on a local Ray with the tiny model and the embedded corpus: record
-consistency (tokens, spans, memory rule), versions, and in-place weight updates."""
+consistency (tokens, spans, memory rule), versions, in-place weight updates, the CPU engine's threads."""
+
+import os
 
 import numpy as np
 import pytest
@@ -174,3 +176,31 @@ def test_many_long_seeded_prompts_at_once_keep_the_engine_alive(rollout):
     outs = [c.result(timeout_s=600) for c in calls]
     assert all(len(o["token_ids"]) == 4 for o in outs)
     assert len(_greedy(handle, [1, 2, 3])["token_ids"]) == 16  # and it keeps serving
+
+
+def _vllm_workers(engine_pid: int) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process(engine_pid).children(recursive=True)] or [engine_pid]
+
+
+def test_the_cpu_engine_runs_the_configured_threads_unpinned(rollout):
+    """engine.cpu_threads=0 on a replica reserving 0.5 CPUs: one OpenMP thread, not pinned to a core
+    (vLLM's default pins one thread to every core, where they wait on the search replica and the
+    other stages sharing them)."""
+    import torch
+
+    from services.rollout.engine import cpu_threads
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU engines only")
+    handle, cfg = rollout
+    assert cpu_threads(cfg) == 1
+    pid = handle.info.remote().result()["engine_pid"]
+    assert pid is not None
+    for worker in _vllm_workers(pid):
+        env = dict(kv.split("=", 1) for kv in open(f"/proc/{worker}/environ").read().split("\0") if "=" in kv)
+        assert env.get("OMP_NUM_THREADS") == "1", env.get("OMP_NUM_THREADS")
+        assert "OMP_PROC_BIND" not in env and "GOMP_CPU_AFFINITY" not in env
+        assert os.sched_getaffinity(worker) == os.sched_getaffinity(0)
+
