@@ -191,14 +191,15 @@ def table_row(blocks: list[dict], template: str, rule: tuple[str, str], cfg) -> 
 def advantages_by_label(blocks: list[dict], pooling: str, cfg) -> tuple[list[float], list[float]]:
     """A_mem of the keep and of the lose blocks, each block normalised (the learner's ``normalize``)
     among the blocks of its prompt in the same pool (``b["pools"][pooling]``)."""
-    from services.learner.advantages import normalize
+    from services.learner.advantages import mem_credit, normalize
 
     pools: dict[tuple, list[dict]] = {}
     for b in blocks:
         pools.setdefault((b["prompt"], b["pools"][pooling]), []).append(b)
     by_label: dict[str, list[float]] = {"keep": [], "lose": [], "none": []}
     for pool in pools.values():
-        for b, a in zip(pool, normalize([b["r"][2] for b in pool], cfg.algorithm.mem_eps, cfg.algorithm.mem_std_floor)):
+        for b, a in zip(pool, normalize([mem_credit(b["r"][2], cfg.algorithm.mem_credit) for b in pool],
+                                         cfg.algorithm.mem_eps, cfg.algorithm.mem_std_floor)):
             by_label[b["label"]].append(float(a))
     return by_label["keep"], by_label["lose"]
 

@@ -3,7 +3,9 @@
     R_out   = EM of the last <answer> (SQuAD-normalised, fraction of the k questions); 0 if the
               episode's format is invalid (it never answered, or a turn broke the grammar)
     A_out   = (R_out - mean_group) / (std_group + eps)                       per episode
-    A_mem   = (R_mem - mean_pool) / (max(std_pool, floor) + eps)             per <mem> block, pooled
+    R_mem'  = R_mem, or min(R_mem, 0) with algorithm.mem_credit=loss_only (a memory charged only for
+              what it lost against the full history)
+    A_mem   = (R_mem' - mean_pool) / (max(std_pool, floor) + eps)            per <mem> block, pooled
               over the prompt's group ("prompt", reference), per (prompt, turn) ("prompt_turn"), or
               per (prompt, the observations the episode had seen before this turn) ("prompt_seen":
               memories compared only with memories written after the same search results);
@@ -97,6 +99,11 @@ def pool_key(ep: Episode, t: int, pooling: str):
     raise ValueError(f"unknown memory pooling {pooling!r}; choose from {', '.join(MEM_POOLINGS)}")
 
 
+def mem_credit(r_mem: float, credit: str) -> float:
+    """The memory reward one block is credited with (``algorithm.mem_credit``)."""
+    return min(r_mem, 0.0) if credit == "loss_only" else r_mem
+
+
 def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch], cfg: AlgorithmConfig) -> Advantages:
     out = Advantages()
     varied = 0  # groups whose outcome rewards differ: the only ones GRPO's outcome advantage learns from
@@ -115,7 +122,7 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
         for s in by_group.get(g, []):
             pools[pool_key(group.episodes[s.episode], s.turn, cfg.mem_pooling)].append(s)
         for pool in pools.values():
-            r_mem = [s.r_mem for s in pool]
+            r_mem = [mem_credit(s.r_mem, cfg.mem_credit) for s in pool]
             if len(pool) >= 2:
                 mem_spreads.append(spread(r_mem))
             for s, a in zip(pool, normalize(r_mem, cfg.mem_eps, cfg.mem_std_floor)):

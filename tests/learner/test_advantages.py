@@ -199,3 +199,17 @@ def test_a_steps_memory_spread_weights_each_batch_by_its_pools_and_blocks():
     assert out["mem_pool_std_max"] == 0.9
     assert out["mem_adv_abs_mean"] == pytest.approx((8 * 1.0 + 24 * 0.5) / 32)
     assert memory_spread([])["mem_adv_abs_mean"] == 0.0
+
+
+def test_loss_only_credit_charges_what_a_memory_lost_and_credits_nothing_beyond_the_full_history():
+    group = _group(["Kroumia", "x", "Kroumia"])
+    batch = TrajectoryBatch(groups=[group], policy_version=0)
+    # episode 0 wrote an answer it had not seen (+0.6 over the full history), 1 lost one (-0.4), 2 kept (0.0)
+    scores = _scores([(0, 1, 0.6), (1, 1, -0.4), (2, 1, 0.0)])
+    diff = compute_advantages(batch, scores, AlgorithmConfig())
+    loss = compute_advantages(batch, scores, AlgorithmConfig(mem_credit="loss_only"))
+    assert diff.a_mem[(0, 0, 1)] > diff.a_mem[(0, 2, 1)] > diff.a_mem[(0, 1, 1)]
+    credited = np.array([0.0, -0.4, 0.0])
+    expected = (credited - credited.mean()) / (credited.std(ddof=1) + 1e-6)
+    np.testing.assert_allclose([loss.a_mem[(0, e, 1)] for e in range(3)], expected, rtol=1e-5)
+    assert loss.a_mem[(0, 0, 1)] == loss.a_mem[(0, 2, 1)] > loss.a_mem[(0, 1, 1)]
