@@ -59,8 +59,14 @@ def test_a_replica_killed_mid_call_loses_and_duplicates_nothing(two_replicas, wo
 
     worker = threading.Thread(target=run)
     worker.start()
-    time.sleep(2.0)  # calls are in flight on both replicas
-    victim = _replica_actor_names()[0]
+    # kill a replica that is generating now (a fixed sleep raced the calls on a fast machine: every
+    # call had finished before the kill): ask replicas until one reports turns running
+    deadline, victim = time.monotonic() + 300, None
+    while victim is None and time.monotonic() < deadline and worker.is_alive():
+        info = handle.info.remote().result()
+        if info["turns_running"] > 0:
+            victim = next(n for n in _replica_actor_names() if n.endswith(info["replica"]))
+    assert victim is not None, "no replica was seen generating before the calls ended"
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
     worker.join(timeout=600)
     assert not worker.is_alive()
