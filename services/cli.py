@@ -118,17 +118,12 @@ def _train(argv: list[str]) -> int:
                          "policy (train.init_from_sft); resumes an existing train.run_dir; Ctrl-C checkpoints.")
     cfg = _load(p.parse_intermixed_args(argv).args)
     _setup_logging()
-    from services.common.calls import CallError
-    from services.common.replicas import NoReplica
     from services.pipeline.train import train
 
     try:
         train(cfg)
     except KeyboardInterrupt:
         return 130
-    except (CallError, NoReplica, TimeoutError) as e:  # a stage kept failing (retries spent), or no replica
-        print(f"error: {e}", file=sys.stderr)           # came up in time (a call's, or a weight sync's)
-        return 1
     return 0
 
 
@@ -388,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd in COMMANDS:
         import yaml
 
+        from services.common.calls import CallError
         from services.common.config import ConfigError
+        from services.common.replicas import NoReplica
 
         try:
             with stop_like_ctrl_c():
@@ -399,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, FileNotFoundError, ValueError, yaml.YAMLError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except (CallError, NoReplica, TimeoutError) as e:  # a stage kept failing (retries spent), or no replica
+            print(f"error: {e}", file=sys.stderr)           # came up in time (a call's, or a weight sync's)
+            return 1
     print(f"error: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
     return 2
 

@@ -91,6 +91,24 @@ def test_train_that_finds_no_replica_ends_with_one_error_line(monkeypatch, capsy
         assert capsys.readouterr().err == f"error: {error}\n"
 
 
+def test_eval_and_compare_that_find_no_replica_end_with_one_error_line(monkeypatch, capsys):
+    # the same failures out of `mempo eval` and `mempo compare` (both run rollout calls): one line, exit 1
+    import services.pipeline.compare as compare_module
+    import services.pipeline.eval_cli as eval_module
+    from services.common.calls import CallError
+
+    error = CallError("rollout call 3 of 8 failed after 3 retries: no replica came up to retry it on")
+
+    def fail(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(eval_module, "run_eval", fail)
+    monkeypatch.setattr(compare_module, "compare", fail)
+    assert main(["eval", "deploy/configs/tiny.yaml"]) == 1
+    assert capsys.readouterr().err == f"error: {error}\n"
+    assert main(["compare", "deploy/configs/tiny.yaml"]) == 1
+    assert capsys.readouterr().err == f"error: {error}\n"
+
+
 def test_eval_rejects_a_policy_that_is_not_a_model_directory(tmp_path, capsys):
     assert main(["eval", f"train.run_dir={tmp_path}", f"--policy=x={tmp_path}"]) == 2
     assert "not a Hugging Face model directory" in capsys.readouterr().err
