@@ -49,6 +49,9 @@ class TurnOutput:
     engine_s: float
 
 
+_OURS = "MEMPO_OMP_THREADS_SET"  # marks the OpenMP settings below as set by this module, not the user
+
+
 def cpu_threads(cfg: MempoConfig) -> int:
     """OpenMP threads for a CPU engine (``engine.cpu_threads``): 0 means vLLM's own binding."""
     n = cfg.engine.cpu_threads
@@ -79,13 +82,16 @@ class PolicyEngine:
         if not torch.cuda.is_available():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(e.cpu_kv_cache_gib))
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-            threads = cpu_threads(self.cfg)
-            if threads and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-                # vLLM's default pins one OpenMP thread to every core of the machine; beside the search
-                # replica, the front end and the other stages those pinned threads wait on each other
-                # (bench/rollout.py on 2 cores: 1 unpinned thread generates ~1.4x the tokens/s of 2 pinned)
-                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-                os.environ["OMP_NUM_THREADS"] = str(threads)
+            # vLLM's default pins one OpenMP thread to every core of the machine; beside the search
+            # replica, the front end and the other stages those pinned threads wait on each other
+            # (bench/rollout.py on 2 cores: the agent loop 1.3x faster with 1 unpinned thread than 2 pinned).
+            # A binding the environment set is the user's; one this process set is ours to change.
+            threads, ours = cpu_threads(self.cfg), os.environ.get(_OURS) == "1"
+            if threads and (ours or "VLLM_CPU_OMP_THREADS_BIND" not in os.environ):
+                os.environ.update({"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads), _OURS: "1"})
+            elif not threads and ours:  # engine.cpu_threads=-1 after an engine of ours: vLLM's binding again
+                for key in ("VLLM_CPU_OMP_THREADS_BIND", _OURS):
+                    os.environ.pop(key, None)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
