@@ -38,25 +38,26 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 def _cpu_seconds() -> dict[str, float]:
-    """CPU seconds so far of this process (the agent loop and vLLM's front end), the engine core
-    (a child) and the search replica (a Ray worker): where the two cores go during a measurement."""
+    """CPU seconds so far of this process (the agent loop and vLLM's front end), vLLM's engine core
+    and worker processes, the search replica and every other Ray process: where the cores go."""
     import psutil
 
     me = psutil.Process()
-    out = {"front end + loop": sum(me.cpu_times()[:2]), "engine core": 0.0, "search replica": 0.0, "other": 0.0}
-    for c in me.children(recursive=True):
-        try:
-            out["engine core"] += sum(c.cpu_times()[:2])
-        except psutil.Error:
-            pass
+    out = {"front end + loop": sum(me.cpu_times()[:2]), "engine core": 0.0, "search replica": 0.0, "other Ray": 0.0}
     for proc in psutil.process_iter(["name", "cmdline"]):
         try:
-            if proc.pid == me.pid or proc.ppid() == me.pid:
+            if proc.pid == me.pid:
                 continue
-            cmd = " ".join(proc.info["cmdline"] or [])
-            key = "search replica" if "search" in cmd and "ServeReplica" in cmd else "other"
-            if "ray::" in cmd or "ray" in (proc.info["name"] or "") or key == "search replica":
-                out[key] += sum(proc.cpu_times()[:2])
+            label = f"{proc.info['name'] or ''} {' '.join(proc.info['cmdline'] or [])}"
+            if "VLLM::" in label:  # the engine core and its worker (children of this process)
+                key = "engine core"
+            elif "ServeReplica" in label and "search" in label:
+                key = "search replica"
+            elif "ray" in label.lower():  # GCS, raylet, Serve controller and proxy, idle workers
+                key = "other Ray"
+            else:
+                continue
+            out[key] += sum(proc.cpu_times()[:2])
         except psutil.Error:
             pass
     return out
