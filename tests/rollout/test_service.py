@@ -188,8 +188,6 @@ def test_the_cpu_engine_runs_the_configured_threads_unpinned(rollout):
     """engine.cpu_threads=0 on a replica reserving 0.5 CPUs: one OpenMP thread, not pinned to a core
     (vLLM's default pins one thread to every core, where they wait on the search replica and the
     other stages sharing them)."""
-    import torch
-
     from services.rollout.engine import cpu_threads
 
     if torch.cuda.is_available():
