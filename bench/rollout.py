@@ -115,32 +115,29 @@ async def _round(loop, engine, batch) -> dict:
     res["replay"] = (count(rp), s_)
     # chained: each episode's turns in order (exact contexts and lengths), as many episodes at once as
     # the loop runs: the turn dependencies and memory-context prefills without searches or parsing
+    from services.rollout.agent import turn_seed
+
     slots = asyncio.Semaphore(loop.rc.max_concurrent_episodes)
 
-    async def chain(e):
-        async with slots:
-            for t in e.turns:
-                if len(t.response_ids):
-                    await engine.generate(t.context_ids.tolist(), _params(len(t.response_ids)))
-
-    chained_s, chained_cpu, _ = await _timed(engine, lambda: asyncio.gather(*[chain(e) for e in episodes]))
-    res["chained"] = (sum(lengths), chained_s)
-    # the same, with the loop's own sampling (its temperature, stop strings and per-turn seeds, so the
-    # turns end where they ended in the loop): what the loop's sampling costs the engine
-    from services.rollout.agent import _seed
-
-    async def chain_sampled(e):
+    async def chain(e, params):
+        """Replay one episode's turns in order, params(episode, turn number, turn) sampling each; tokens generated."""
         async with slots:
             n = 0
             for t, turn in enumerate(e.turns, 1):
-                ctx = turn.context_ids.tolist()
-                budget = min(loop.rc.max_response_tokens, loop.cfg.engine.max_model_len - len(ctx))
-                out = await engine.generate(ctx, loop.sampling(budget, _seed(batch.seed, e.uid.rsplit("/", 1)[0],
-                                                                             e.sample, t), batch.temperature))
-                n += len(out.token_ids)
+                if len(turn.response_ids):
+                    n += len((await engine.generate(turn.context_ids.tolist(), params(e, t, turn))).token_ids)
             return n
 
-    s_, sampled_cpu, ns = await _timed(engine, lambda: asyncio.gather(*[chain_sampled(e) for e in episodes]))
+    exact = lambda e, t, turn: _params(len(turn.response_ids))  # noqa: E731
+
+    def sampled(e, t, turn):  # the loop's temperature, stop strings and per-turn seed: turns end where they ended
+        budget = min(loop.rc.max_response_tokens, loop.cfg.engine.max_model_len - len(turn.context_ids))
+        return loop.sampling(budget, turn_seed(batch.seed, e.uid.rsplit("/", 1)[0], e.sample, t), batch.temperature)
+
+    chained_s, chained_cpu, _ = await _timed(engine, lambda: asyncio.gather(*[chain(e, exact) for e in episodes]))
+    res["chained"] = (sum(lengths), chained_s)
+    # the same with the loop's own sampling: what the loop's sampling costs the engine
+    s_, sampled_cpu, ns = await _timed(engine, lambda: asyncio.gather(*[chain(e, sampled) for e in episodes]))
     res["chained, loop sampling"] = (sum(ns), s_)
     # two calls in flight on one loop (its episode slots shared): the second call's episodes take the
     # slots the first call's stragglers leave, as consecutive steps' rollouts could overlap

@@ -10,7 +10,11 @@ RL runs with the same steps, seed, prompts and budget, each starting from the sa
 (``<run_dir>/sft/model``, trained first if missing), one per variant of ``VARIANTS`` below (the
 registry: name, title, overrides, whether ``mempo compare`` runs it by default; ``--variants``
 picks others): MemPO, MEM1-like (no memory reward), Search-R1-like (full history), and MemPO with
-the reference's memory reward.
+the reference's memory reward. A variant marked ``own_start`` (``search_r1_own``) starts instead from
+an SFT policy of its own, trained on the same transcripts under its overrides (for Search-R1-like:
+every turn under the full history) into ``<run_dir>/starts/<name>/sft/model`` before any service
+starts, if that folder holds none yet (copy or link a policy there to reuse one); it is evaluated
+once, as ``sft:<name>``, and the variant's change is measured against it.
 
 The services stay up between variants: a deployment whose config sections a variant leaves alone
 (services/common/serve_version.py) keeps its replicas, and the SFT start is published to them at
@@ -45,6 +49,7 @@ class Variant:
     title: str  # what the README's baseline table calls it
     overrides: tuple[str, ...]
     default: bool  # run by `mempo compare` (and `make compare`) without --variants
+    own_start: bool = False  # starts from an SFT policy trained under its own overrides, not the common one
 
 
 # The registry every list of baselines reads (the CLI's help, `mempo compare`, the README's table,
@@ -58,6 +63,9 @@ _ENTRIES = (
             ("rollout.memory_window=full", "algorithm.use_memory_reward=false"), True),
     Variant("mempo_ref", "MemPO with the reference's memory reward",
             ("scorer.filter_mode=independent", "scorer.average=geometric", "scorer.answer_template=reference"), False),
+    # a start of its own: a policy SFT-trained on memory contexts reads full histories badly (exp21/exp23)
+    Variant("search_r1_own", "Search-R1-like GRPO from its own full-history SFT start",
+            ("rollout.memory_window=full", "algorithm.use_memory_reward=false"), False, own_start=True),
 ) + tuple(Variant(name, title, (override,), default) for name, title, override, default in field_baselines(MempoConfig))
 VARIANTS: dict[str, Variant] = {v.name: v for v in _ENTRIES}
 if len(VARIANTS) != len(_ENTRIES):
@@ -71,6 +79,8 @@ def baseline_table() -> str:
     rows = ["| run | `mempo compare` name | overrides |", "|---|---|---|"]
     for v in VARIANTS.values():
         overrides = f"`{' '.join(v.overrides)}`" if v.overrides else "(defaults)"
+        if v.own_start:
+            overrides += f", from an SFT start trained under them (`<run_dir>/starts/{v.name}/`)"
         rows.append(f"| {v.title} | `{v.name}`{'' if v.default else ' (with `--variants`)'} | {overrides} |")
     return "\n".join(rows)
 
@@ -78,7 +88,7 @@ def baseline_table() -> str:
 def variants_help() -> str:
     """One line per registered variant, for ``mempo compare --help``."""
     return "; ".join(f"{v.name}{' (default)' if v.default else ''}: {' '.join(v.overrides) or 'the defaults'}"
-                     for v in VARIANTS.values())
+                     f"{' from its own SFT start' if v.own_start else ''}" for v in VARIANTS.values())
 
 
 @dataclass(frozen=True)
@@ -129,6 +139,19 @@ def variant_config(path: str | None, overrides: list[str], run: Run, sft: Path) 
         f"train.run_dir={out}", f"train.sft_dir={sft}", "train.init_from_sft=true", f"train.seed={run.seed}"])
 
 
+def start_label(variant: str) -> str:
+    """The name a variant's SFT start has in tables: ``sft`` (the common start) or ``sft:<variant>``."""
+    return f"sft:{variant}" if VARIANTS[variant].own_start else "sft"
+
+
+def start_config(path: str | None, overrides: list[str], variant: str) -> MempoConfig:
+    """The SFT config of an own-start variant: the run's config with the variant's overrides, trained
+    into ``<run_dir>/starts/<variant>/`` (its policy in ``sft/model`` there, whatever ``train.sft_dir`` says)."""
+    home = Path(load_config(path, overrides).train.run_dir) / "starts" / variant
+    return load_config(path, overrides + list(VARIANTS[variant].overrides) + [
+        f"train.run_dir={home}", f"train.sft_dir={home / 'sft' / 'model'}"])
+
+
 def seed_tables(plan: list[Run], runs: dict) -> str:
     """Each variant's EM change against the SFT start and the first variant against each other one,
     at every seed they share and, with several seeds, averaged over them (report.pairs_table)."""
@@ -138,7 +161,7 @@ def seed_tables(plan: list[Run], runs: dict) -> str:
     for r in plan:
         by_variant.setdefault(r.variant, {})[r.seed] = r.label
     names = list(by_variant)
-    against_start = [[("sft", label) for label in by_variant[n].values()] for n in names]
+    against_start = [[(start_label(n), label) for label in by_variant[n].values()] for n in names]
     first = by_variant[names[0]]
     head_to_head = [[(other[s], first[s]) for s in first if s in other]
                     for other in (by_variant[n] for n in names[1:])]
@@ -166,23 +189,32 @@ def compare(path: str | None, overrides: list[str], variants: str | None = None,
     sft = sft_dir(base)
     if not (sft / "config.json").is_file():
         run_sft(base)
+    start_of = {}  # each variant's SFT start: the common one, or its own (trained now: SFT needs the cores)
+    for name in dict.fromkeys(r.variant for r in plan):
+        start_of[name] = sft
+        if VARIANTS[name].own_start:
+            own = start_config(path, overrides, name)
+            start_of[name] = sft_dir(own)
+            if not (start_of[name] / "config.json").is_file():
+                run_sft(own)
     out_dir = Path(base.train.run_dir) / "compare"
     prompts = eval_prompts(prepare_world(base), base.eval.questions_per_k)
     runs, startup, pipe = {}, {}, None
     try:
-        for i, run in enumerate(plan):
+        for run in plan:
+            start, start_name = start_of[run.variant], start_label(run.variant)
             if pipe is not None:  # kept replicas get the start a fresh one would load (model.path, version 0)
-                pipe.publish_model(str(sft), version=0)
-            cfg = variant_config(path, overrides, run, sft)
+                pipe.publish_model(str(start), version=0)
+            cfg = variant_config(path, overrides, run, start)
             pipe = train(cfg)["pipeline"]  # resumes a run its folder already holds (returns at once when complete)
             startup[run.label] = {"start_s": pipe.start_s, "replicas": pipe.replica_names()}
-            if i == 0:  # the common start, under the first variant's context rule
-                pipe.publish_model(str(sft), version=10_000)
-                runs["sft"] = run_eval(cfg, pipe, prompts)
+            if start_name not in runs:  # each start once, under the context rule of its first variant
+                pipe.publish_model(str(start), version=10_000)
+                runs[start_name] = run_eval(cfg, pipe, prompts)
                 pipe.publish_model(str(Path(cfg.train.run_dir) / "policy"), version=10_001)
             runs[run.label] = run_eval(cfg, pipe, prompts)
             # the variant's own held-out table and episodes beside its run, so `mempo view` shows them
-            mine = {"sft": runs["sft"], run.variant: runs[run.label]}
+            mine = {"sft": runs[start_name], run.variant: runs[run.label]}
             write_samples(cfg.train.run_dir, mine)
             (Path(cfg.train.run_dir) / "eval.json").write_text(json.dumps(
                 by_str_k({n: r.table() for n, r in mine.items()}), indent=1))
@@ -196,7 +228,7 @@ def compare(path: str | None, overrides: list[str], variants: str | None = None,
     plot_compare({r.label: out_dir / r.folder / "metrics.jsonl" for r in plan}, paths["plot"])
     steps, seed_list = base.train.steps, sorted({r.seed for r in plan})
     text = ["# mempo compare", "",
-            f"Same SFT start, {steps} RL steps each, seed(s) {', '.join(map(str, seed_list))}; "
+            f"Same SFT start{own_note(plan)}, {steps} RL steps each, seed(s) {', '.join(map(str, seed_list))}; "
             f"{base.eval.questions_per_k} held-out "
             "prompts per k, one greedy episode each. TT = total tokens per task, PT = peak tokens of one turn.", "",
             markdown_table(results), "", seed_tables(plan, runs), "",
@@ -208,6 +240,12 @@ def compare(path: str | None, overrides: list[str], variants: str | None = None,
     print(seed_tables(plan, runs), flush=True)
     print("report: " + ", ".join(str(p) for p in paths.values()), flush=True)
     return paths
+
+
+def own_note(plan: list[Run]) -> str:
+    """The report's note on variants that start from their own SFT policy (none: empty)."""
+    own = [n for n in dict.fromkeys(r.variant for r in plan) if VARIANTS[n].own_start]
+    return f" (except {', '.join(own)}: its own, `sft:<name>`)" if own else ""
 
 
 def startup_table(startup: dict) -> str:

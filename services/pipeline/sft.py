@@ -112,10 +112,12 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     log_fn(f"SFT: {len(samples)} turns, {steps} steps of {per_step} on {cfg.learner.world_size} rank(s), "
            f"lr {cfg.learner.sft_lr}")
     connect(cfg, with_serve=False)
-    if not cfg.ray.address:  # a local cluster runs nothing else now: give the ranks all its cores
+    if not cfg.ray.address:  # a local cluster of ours: give the ranks its free cores (all, when nothing else runs)
         import ray
 
-        cfg.learner.num_cpus_per_worker = max(1.0, ray.cluster_resources().get("CPU", 1.0) // cfg.learner.world_size)
+        free = ray.available_resources().get("CPU", 0.0) // cfg.learner.world_size
+        if free >= 1:  # else (a busy shared cluster) keep learner.num_cpus_per_worker
+            cfg.learner.num_cpus_per_worker = free
     group = LearnerGroup(cfg, source)
     runlog = RunLog(Path(cfg.train.run_dir) / "sft", resume_step=0)
     try:

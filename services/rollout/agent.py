@@ -32,8 +32,10 @@ from services.rollout.records import EpisodeBuilder
 from services.search_tool.client import SearchClient
 
 
-def _seed(*parts) -> int:
-    return zlib.crc32("/".join(map(str, parts)).encode()) & 0x7FFFFFFF
+def turn_seed(batch_seed: int, prompt_uid: str, sample: int, turn: int) -> int:
+    """The sampling seed of one turn: fixed by the batch's seed, the prompt, the sample and the turn,
+    so a rerun (or a replay, bench/rollout.py) draws the same tokens whatever else is in the batch."""
+    return zlib.crc32(f"{batch_seed}/{prompt_uid}/{sample}/{turn}".encode()) & 0x7FFFFFFF
 
 
 class AgentLoop:
@@ -82,7 +84,7 @@ class AgentLoop:
             if len(ctx) >= self.rc.max_context_tokens or budget <= 0:
                 finish = "max_context"
                 break
-            out = await self.engine.generate(ctx, self.sampling(budget, _seed(seed, prompt.uid, sample, t), temperature))
+            out = await self.engine.generate(ctx, self.sampling(budget, turn_seed(seed, prompt.uid, sample, t), temperature))
             stats["engine_s"] += out.engine_s
             stats["generated"] += len(out.token_ids)
             rec, parsed = rb.record(t, ctx, out.token_ids, out.logprobs, out.version, out.finish_reason, len(full_ids))

@@ -1,4 +1,5 @@
-"""`mempo compare` wiring at a tiny scale: one RL step per variant from one SFT start, one report."""
+"""`mempo compare` wiring at a tiny scale: one RL step per variant from one SFT start (and one variant
+from an SFT start of its own, trained first), one report."""
 
 import json
 
@@ -18,10 +19,10 @@ def test_compare_one_step_each(serve_http, grammar_model, world, tmp_path):
         "train.steps=1", "train.prompts_per_step=2", "train.eval_every=1", "rollout.n=2", "rollout.max_turns=2",
         "rollout.max_response_tokens=48", "rollout.num_cpus=0.2", "search.num_cpus=0.05", "scorer.num_cpus=0.1",
         "learner.num_cpus_per_worker=0.1", "learner.kl_coef=0", "learner.checkpoint_every=100",
-        "eval.objectives=[1]", "eval.questions_per_k=2", "eval.during_training_per_k=1"]
-    paths = compare("deploy/configs/tiny.yaml", overrides)
+        "eval.objectives=[1]", "eval.questions_per_k=2", "eval.during_training_per_k=1", "train.sft_steps=2"]
+    paths = compare("deploy/configs/tiny.yaml", overrides, variants=",".join(DEFAULT_VARIANTS) + ",search_r1_own")
     results = json.loads(paths["eval"].read_text())
-    assert list(results) == ["sft", *DEFAULT_VARIANTS]
+    assert list(results) == ["sft", *DEFAULT_VARIANTS, "sft:search_r1_own", "search_r1_own"]
     for name, table in results.items():
         assert table["1"]["episodes"] == 2.0 and 0.0 <= table["1"]["em"] <= 1.0
     for name in DEFAULT_VARIANTS:
@@ -30,9 +31,15 @@ def test_compare_one_step_each(serve_http, grammar_model, world, tmp_path):
         assert list(mine) == ["sft", name] and (tmp_path / "compare" / name / "samples.json").is_file()
         deployed = load_config(tmp_path / "compare" / name / "pipeline.yaml")
         assert deployed.model.path == str(grammar_model)  # every variant started from the same policy
+    # the own-start variant: its start trained (2 SFT steps) under its overrides, evaluated, paired against
+    own_start = tmp_path / "starts" / "search_r1_own" / "sft" / "model"
+    assert (own_start / "config.json").is_file()
+    assert [r["step"] for r in read_rows(tmp_path / "starts" / "search_r1_own" / "sft" / "metrics.jsonl", "sft")] == [1, 2]
+    assert load_config(tmp_path / "compare" / "search_r1_own" / "pipeline.yaml").model.path == str(own_start)
     report = paths["report"].read_text()
-    for name in ("sft", *DEFAULT_VARIANTS):
+    for name in ("sft", *DEFAULT_VARIANTS, "sft:search_r1_own", "search_r1_own"):
         assert f"| {name} | 1 |" in report
+    assert "| search_r1_own - sft:search_r1_own | 1 |" in report
     assert paths["plot"].stat().st_size > 10_000
     # services a variant leaves alone keep their replicas; the learner restarts for each run
     startup = json.loads((tmp_path / "compare" / "startup.json").read_text())

@@ -119,3 +119,33 @@ def test_seed_tables_pair_each_seed_and_average_over_the_seeds_a_variant_shares(
     assert "| mean of mempo@s0 - mem1@s0 / mempo@s1 - mem1@s1 | all | +0.150 |" in text  # per prompt over seeds
     assert "| mempo@s0 - search_r1@s0 | all | +0.400 |" in text  # one shared seed: no mean row for it
     assert "mean of mempo@s0 - search_r1" not in text
+
+
+def test_an_own_start_variant_trains_its_start_under_its_overrides_and_is_paired_against_it(tmp_path):
+    from services.pipeline.compare import own_note, start_config, start_label
+    from services.pipeline.evaluate import EvalRun
+    from services.pipeline.sft import sft_dir
+
+    own = start_config("deploy/configs/tiny.yaml", [f"train.run_dir={tmp_path}", "train.sft_dir=elsewhere"],
+                       "search_r1_own")
+    assert own.rollout.memory_window == "full" and not own.algorithm.use_memory_reward
+    assert sft_dir(own) == tmp_path / "starts" / "search_r1_own" / "sft" / "model"  # not the common start's
+    assert own.train.run_dir == str(tmp_path / "starts" / "search_r1_own")
+    common = load_config("deploy/configs/tiny.yaml", [f"train.run_dir={tmp_path}"])
+    assert own.train.sft_steps == common.train.sft_steps and own.train.sft_epochs == common.train.sft_epochs
+    assert [start_label(n) for n in ("mempo", "search_r1", "search_r1_own")] == ["sft", "sft", "sft:search_r1_own"]
+
+    def run(ems):
+        r = EvalRun()
+        r.episodes[1] = [{"uid": f"p{i}", "em": em} for i, em in enumerate(ems)]
+        return r
+
+    plan = plan_runs(parse_variants("mempo,search_r1_own"), first_seed=0, seeds=1)
+    runs = {"sft": run([0.0] * 10), "sft:search_r1_own": run([1.0] * 2 + [0.0] * 8),
+            "mempo": run([1.0] * 5 + [0.0] * 5), "search_r1_own": run([1.0] * 3 + [0.0] * 7)}
+    text = seed_tables(plan, runs)
+    assert "| mempo - sft | all | +0.500 |" in text
+    assert "| search_r1_own - sft:search_r1_own | all | +0.100 |" in text  # against its own start
+    assert "| mempo - search_r1_own | all | +0.200 |" in text
+    assert "search_r1_own - sft |" not in text
+    assert own_note(plan) == " (except search_r1_own: its own, `sft:<name>`)" and own_note(plan[:1]) == ""
