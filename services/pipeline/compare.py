@@ -245,7 +245,7 @@ def compare(path: str | None, overrides: list[str], variants: str | None = None,
 def own_note(plan: list[Run]) -> str:
     """The report's note on variants that start from their own SFT policy (none: empty)."""
     own = [n for n in dict.fromkeys(r.variant for r in plan) if VARIANTS[n].own_start]
-    return f" (except {', '.join(own)}: its own, `sft:<name>`)" if own else ""
+    return f" (except {', '.join(own)}: {'its' if len(own) == 1 else 'their'} own, `sft:<name>`)" if own else ""
 
 
 def startup_table(startup: dict) -> str:
