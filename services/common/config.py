@@ -309,7 +309,7 @@ class TrainConfig(_Section):
     sft_min_em: float = Field(1.0, ge=0.0, le=1.0, description="Keep only SFT trajectories whose answer scored at least this EM (rejection sampling).")
     sft_batch_size: int = Field(32, ge=1, description="Turns (context, response samples) per SFT step.")
     sft_name_swap: float = Field(0.0, ge=0.0, le=1.0, description="Share of SFT transcripts whose people, companies and universities are renamed, consistently through the transcript, to fresh combinations of the world's name words, so the policy must copy names rather than recall them (services/world/name_swap.py). Needs the embedded world's SFT data.")
-    eval_every: int = Field(10, ge=1, description="Evaluate every N steps.")
+    eval_every: int = Field(10, ge=0, description="Evaluate on eval.during_training_per_k held-out prompts per k at the start, every N steps and at the last step; 0 = no evaluation during training (`mempo compare` sets 0 unless given: its final evaluation is the comparison).")
     max_staleness: int = Field(0, ge=0, description="How many policy versions a training batch's rollouts may lag the learner: 0 = synchronous (rollout, scoring, update, publish, in turn); s > 0 = the rollout of the next s steps runs while the learner trains, and the loss corrects for the lag (learner.behaviour_is).")
     seed: int = Field(0, description="Seed of data order and sampling.")
     sample_groups: int = Field(2, ge=0, description="Training groups per step saved to <run_dir>/groups.jsonl for `mempo view` (every episode of a prompt, decoded, with rewards, advantages and memory scores); 0 = none.")

@@ -27,7 +27,9 @@ the pipeline it trained on, so it runs under its own context rule; the SFT start
 under MemPO's rule. The report gives EM with its 95% CI, F1, turns, total tokens (TT) and peak
 tokens (PT) per k, each variant's EM change against the start (paired bootstrap), the first
 variant against each other one (paired per prompt at the same seed), and one plot with the
-variants' held-out EM and token curves. With several seeds (``--seeds``), the runs go seed by seed
+variants' held-out EM and token curves. There is no periodic evaluation during training unless
+``train.eval_every=N`` is given (the final one is the comparison; the plot's EM then joins each
+start's to its run's). With several seeds (``--seeds``), the runs go seed by seed
 (every variant of a seed, then the next seed), each paired difference is also given averaged over
 the seeds (per prompt, then bootstrapped over prompts), and a run already complete in its folder is
 resumed, not redone: the same command continues a comparison that was stopped.
@@ -184,6 +186,7 @@ def compare(path: str | None, overrides: list[str], variants: str | None = None,
     from services.pipeline.train import train
     from services.world.build import prepare_world
 
+    overrides = with_compare_defaults(overrides)
     base = load_config(path, overrides)
     plan = plan_runs(parse_variants(variants or ",".join(DEFAULT_VARIANTS)), base.train.seed, seeds)
     sft = sft_dir(base)
@@ -225,7 +228,8 @@ def compare(path: str | None, overrides: list[str], variants: str | None = None,
     results = {name: run.table() for name, run in runs.items()}
     paths = {"report": out_dir / "report.md", "eval": out_dir / "eval.json", "plot": out_dir / "compare.png"}
     paths["eval"].write_text(json.dumps(by_str_k(results), indent=1))
-    plot_compare({r.label: out_dir / r.folder / "metrics.jsonl" for r in plan}, paths["plot"])
+    plot_compare({r.label: out_dir / r.folder / "metrics.jsonl" for r in plan}, paths["plot"],
+                 {r.label: (runs[start_label(r.variant)].table(), runs[r.label].table()) for r in plan}, base.train.steps)
     steps, seed_list = base.train.steps, sorted({r.seed for r in plan})
     text = ["# mempo compare", "",
             f"Same SFT start{own_note(plan)}, {steps} RL steps each, seed(s) {', '.join(map(str, seed_list))}; "
@@ -264,16 +268,35 @@ def startup_table(startup: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_compare(metrics: dict[str, Path], out: Path) -> Path:
-    """Held-out EM (periodic evals), peak and total tokens per step, one line per variant."""
+def with_compare_defaults(overrides: list[str]) -> list[str]:
+    """``overrides`` behind compare's own defaults, so the user's win: no periodic evaluation during
+    training (``train.eval_every=0``; the final held-out evaluation of every run is the comparison, and
+    the periodic one, on fewer prompts, cost about 6 of the long config's 97 minutes: exp25)."""
+    return ["train.eval_every=0", *overrides]
+
+
+def end_points(tables: tuple[dict, dict] | None, steps: int) -> list[dict]:
+    """A run without periodic evals as two eval rows: its start's EM (mean over k) at step 0, its own at
+    ``steps``."""
+    return [{"step": step, "em": sum(row["em"] for row in table.values()) / len(table)}
+            for step, table in zip((0, steps), tables or ()) if table]
+
+
+def plot_compare(metrics: dict[str, Path], out: Path, final: dict[str, tuple[dict, dict]] | None = None,
+                 steps: int = 0) -> Path:
+    """Held-out EM, peak and total tokens per step, one line per variant. EM comes from the periodic
+    evals where a run has them; otherwise from ``final`` ({variant: (its start's table, its table)}):
+    the start's pooled EM at step 0 and the run's at ``steps``."""
     from services.pipeline.report import draw_panels
     from services.pipeline.runlog import read_rows
 
     def rows(path: Path, kind: str) -> list[dict]:
         return read_rows(path, kind) if path.is_file() else []
 
-    panels = [(title, [(key, rows(path, kind), name) for name, path in metrics.items()])
-              for title, kind, key in (("held-out EM", "eval", "em"),
-                                       ("peak tokens per turn (train)", "train", "rollout/peak_tokens_mean"),
-                                       ("total tokens per episode (train)", "train", "rollout/total_tokens_mean"))]
+    final = final or {}
+    panels = [("held-out EM (mean over k)", [("em", rows(path, "eval") or end_points(final.get(name), steps), name)
+                                             for name, path in metrics.items()])]
+    panels += [(title, [(key, rows(path, "train"), name) for name, path in metrics.items()])
+               for title, key in (("peak tokens per turn (train)", "rollout/peak_tokens_mean"),
+                                  ("total tokens per episode (train)", "rollout/total_tokens_mean"))]
     return draw_panels(panels, out)

@@ -9,8 +9,8 @@ through its driver (``pipe.rollout``, ``pipe.scorer``, ``pipe.learner``); the dr
 and never decodes a trajectory batch. Rollout and scoring run on a background thread
 (``RolloutsAhead``, services/pipeline/ahead.py): with ``train.max_staleness=0`` it waits for each
 update (the synchronous loop); with s > 0 it generates up to s steps ahead while the learner trains,
-and the learner's loss corrects for the lag. Every ``train.eval_every`` steps the current policy is
-evaluated on held-out prompts.
+and the learner's loss corrects for the lag. Every ``train.eval_every`` steps (and at the start and the
+last step; 0 = never) the current policy is evaluated on held-out prompts.
 
 Baselines run on the same loop, each a set of config overrides registered in
 services/pipeline/compare.py (``VARIANTS``: MEM1-like, Search-R1-like, ...).
@@ -76,7 +76,8 @@ def train(cfg: MempoConfig) -> dict:
     step = pipe.learner.info()["step"]  # > 0 when the learner resumed a checkpoint
     log = RunLog(run_dir, resume_step=step)
     decode = decoder(cfg)  # for the sampled training groups (groups.jsonl, read by `mempo view`)
-    if step == 0:
+    periodic = cfg.train.eval_every > 0
+    if step == 0 and periodic:
         log.write("eval", 0, flatten(evaluate(cfg, pipe, held_out, step=0)))  # the starting policy
     bar = tqdm(total=cfg.train.steps, initial=step, desc="mempo train", unit="step", dynamic_ncols=True)
     ahead = RolloutsAhead(cfg, pipe, prompts, first_step=step)  # rollout + scoring, up to max_staleness steps ahead
@@ -97,7 +98,7 @@ def train(cfg: MempoConfig) -> dict:
             log.write_groups(step, [decoded_group(g, decode) for g in stats.pop("groups", [])])
             log.write("train", step, stats)
             bar.update(1)
-            if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
+            if periodic and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
                 log.write("eval", step, flatten(evaluate(cfg, pipe, held_out, step=step)))
             last = time.perf_counter()  # a step's wall time leaves the eval out
             ahead.learner_at(step)  # after the eval, so a synchronous run never samples during one

@@ -16,7 +16,7 @@ def test_compare_one_step_each(serve_http, grammar_model, world, tmp_path):
     port = int(serve_http.rsplit(":", 1)[1])
     overrides = [
         "ray.app_prefix=cmp-", f"ray.http_port={port}", f"train.run_dir={tmp_path}", f"train.sft_dir={grammar_model}",
-        "train.steps=1", "train.prompts_per_step=2", "train.eval_every=1", "rollout.n=2", "rollout.max_turns=2",
+        "train.steps=1", "train.prompts_per_step=2", "rollout.n=2", "rollout.max_turns=2",
         "rollout.max_response_tokens=48", "rollout.num_cpus=0.2", "search.num_cpus=0.05", "scorer.num_cpus=0.1",
         "learner.num_cpus_per_worker=0.1", "learner.kl_coef=0", "learner.checkpoint_every=100",
         "eval.objectives=[1]", "eval.questions_per_k=2", "eval.during_training_per_k=1", "train.sft_steps=2"]
@@ -27,6 +27,7 @@ def test_compare_one_step_each(serve_http, grammar_model, world, tmp_path):
         assert table["1"]["episodes"] == 2.0 and 0.0 <= table["1"]["em"] <= 1.0
     for name in DEFAULT_VARIANTS:
         assert [r["step"] for r in read_rows(tmp_path / "compare" / name / "metrics.jsonl", "train")] == [1]
+        assert read_rows(tmp_path / "compare" / name / "metrics.jsonl", "eval") == []  # compare's default: none periodic
         mine = json.loads((tmp_path / "compare" / name / "eval.json").read_text())  # what `mempo view` reads
         assert list(mine) == ["sft", name] and (tmp_path / "compare" / name / "samples.json").is_file()
         deployed = load_config(tmp_path / "compare" / name / "pipeline.yaml")

@@ -126,13 +126,12 @@ def test_an_own_start_variant_trains_its_start_under_its_overrides_and_is_paired
     from services.pipeline.evaluate import EvalRun
     from services.pipeline.sft import sft_dir
 
-    own = start_config("deploy/configs/tiny.yaml", [f"train.run_dir={tmp_path}", "train.sft_dir=elsewhere"],
-                       "search_r1_own")
+    own = start_config("deploy/configs/tiny.yaml", [f"train.run_dir={tmp_path}", "train.sft_dir=elsewhere",
+                                                     "train.sft_steps=3"], "search_r1_own")
     assert own.rollout.memory_window == "full" and not own.algorithm.use_memory_reward
     assert sft_dir(own) == tmp_path / "starts" / "search_r1_own" / "sft" / "model"  # not the common start's
     assert own.train.run_dir == str(tmp_path / "starts" / "search_r1_own")
-    common = load_config("deploy/configs/tiny.yaml", [f"train.run_dir={tmp_path}"])
-    assert own.train.sft_steps == common.train.sft_steps and own.train.sft_epochs == common.train.sft_epochs
+    assert own.train.sft_steps == 3  # the user's SFT schedule trains the own start too
     assert [start_label(n) for n in ("mempo", "search_r1", "search_r1_own")] == ["sft", "sft", "sft:search_r1_own"]
 
     def run(ems):
@@ -149,3 +148,16 @@ def test_an_own_start_variant_trains_its_start_under_its_overrides_and_is_paired
     assert "| mempo - search_r1_own | all | +0.200 |" in text
     assert "search_r1_own - sft |" not in text
     assert own_note(plan) == " (except search_r1_own: its own, `sft:<name>`)" and own_note(plan[:1]) == ""
+
+
+def test_compare_evaluates_only_at_the_end_unless_told_and_plots_em_from_the_final_evals(tmp_path):
+    from services.pipeline.compare import end_points, plot_compare, with_compare_defaults
+
+    assert load_config("deploy/configs/long.yaml", with_compare_defaults([])).train.eval_every == 0
+    assert load_config("deploy/configs/long.yaml", with_compare_defaults(["train.eval_every=5"])).train.eval_every == 5
+    start, final = {1: {"em": 0.2}, 4: {"em": 0.4}}, {1: {"em": 0.5}, 4: {"em": 0.3}}
+    points = end_points((start, final), 20)
+    assert [p["step"] for p in points] == [0, 20] and [p["em"] for p in points] == pytest.approx([0.3, 0.4])
+    assert end_points(None, 20) == []
+    out = plot_compare({"mempo": tmp_path / "missing.jsonl"}, tmp_path / "plot.png", {"mempo": (start, final)}, 20)
+    assert out.stat().st_size > 10_000
