@@ -29,6 +29,9 @@ filter mode it prints:
                block alone in its pool gets 0;
   pool std     mean over prompts of the unbiased std of R_mem over the prompt's pool of blocks
                (the learner's ``mem_pool_std_mean``);
+  answers scored  ``scorer.scored_answers``: every row twice, all questions' answers (the reference)
+               and only those the episode's observations had shown (blocks with none shown get no
+               score and leave the classes and pools: "blocks" counts what is left);
   non-answer   mean log-prob of the continuation's non-answer tokens (its think sentence and
                tags), after the mem / full context (near 0 when the policy would write it).
 
@@ -59,6 +62,7 @@ TEMPLATES = ("reference", "policy")
 RULES = (("independent", "geometric"), ("joint", "geometric"), ("none", "geometric"), ("none", "per_question"),
          ("none", "arithmetic"), ("floor", "geometric"), ("floor", "per_question"), ("independent", "per_question"))
 KINDS = ("answer", "bridge", "distractor")
+SCORED = ("all", "shown")  # scorer.scored_answers: every question's answer, or only those the history had shown
 
 
 def all_rules() -> tuple[tuple[str, str], ...]:
@@ -110,6 +114,7 @@ def score_group(model, tok, tt, cfg, group, template: str) -> list[dict]:
     ``MemoryScorer.score_trajectories`` builds and scores them (same trees, same branches)."""
     from services.scorer.continuation import build_continuation, gold_answers
     from services.scorer.packing import Branch, tree_logprobs
+    from services.scorer.retention import shown_answers
 
     cont = build_continuation(tok, template, gold_answers(group.prompt.golds), tt, cfg.scorer.gold_joiner)
     budget = cfg.scorer.token_budget
@@ -129,8 +134,9 @@ def score_group(model, tok, tt, cfg, group, template: str) -> list[dict]:
     answer = np.zeros(len(cont.ids), bool)
     answer[cont.answer_start:cont.answer_end] = True
     spans = cont.question_spans()
-    return [{"episode": ei, "turn": ti, "full": full[(ei, ti)], "mem": lp[len(m):], "answer": answer, "spans": spans}
-            for (ei, ti), m, lp in zip(blocks, mems, mem_lps)]
+    shown = shown_answers(tt, group, blocks)  # what scorer.scored_answers=shown would score
+    return [{"episode": ei, "turn": ti, "full": full[(ei, ti)], "mem": lp[len(m):], "answer": answer, "spans": spans,
+             "questions": sorted(found)} for (ei, ti), m, lp, found in zip(blocks, mems, mem_lps, shown)]
 
 
 def check_against_scorer(model, tok, cfg, group, template: str, mine: list[dict]) -> None:
@@ -140,21 +146,26 @@ def check_against_scorer(model, tok, cfg, group, template: str, mine: list[dict]
 
     c = cfg.model_copy(deep=True)
     c.scorer.answer_template = template
-    got = MemoryScorer(model, tok, c).score_trajectories(TrajectoryBatch(groups=[group], policy_version=0), 0).scores
-    assert [(s.episode, s.turn) for s in got] == [(b["episode"], b["turn"]) for b in mine], "block order differs"
-    for s, b in zip(got, mine):
-        np.testing.assert_allclose(s.full_logp, b["full"][b["answer"]], atol=1e-5)
-        np.testing.assert_allclose(s.mem_logp, b["mem"][b["answer"]], atol=1e-5)
+    for scored in SCORED:  # under scored_answers=shown the scorer leaves out the blocks nothing was shown to
+        c.scorer.scored_answers = scored
+        got = MemoryScorer(model, tok, c).score_trajectories(TrajectoryBatch(groups=[group], policy_version=0), 0).scores
+        expected = [b for b in mine if scored == "all" or b["questions"]]
+        assert [(s.episode, s.turn) for s in got] == [(b["episode"], b["turn"]) for b in expected], "block order differs"
+        for s, b in zip(got, expected):
+            np.testing.assert_allclose(s.full_logp, b["full"][b["answer"]], atol=1e-5)
+            np.testing.assert_allclose(s.mem_logp, b["mem"][b["answer"]], atol=1e-5)
 
 
-def table_row(blocks: list[dict], template: str, rule: tuple[str, str], cfg) -> dict:
+def table_row(blocks: list[dict], template: str, rule: tuple[str, str], cfg, scored: str = "all") -> dict:
     from services.common.memory_reward import memory_reward
 
     mode, average = rule
+    if scored == "shown":  # scorer.scored_answers=shown: only the shown questions, no score where none was
+        blocks = [b for b in blocks if b["questions"]]
     for b in blocks:
         s = b["scores"][template]
         r = memory_reward(s["full_answer"], s["mem_answer"], cfg.scorer.tau, mode, cfg.scorer.mean_eps, average,
-                          s["spans"], cfg.scorer.logp_floor)
+                          s["spans"], cfg.scorer.logp_floor, b["questions"] if scored == "shown" else None)
         b["r"] = (r.p_mem, r.p_full, r.r_mem)
     keep = [b for b in blocks if b["label"] == "keep"]
     lose = [b for b in blocks if b["label"] == "lose"]
@@ -162,7 +173,7 @@ def table_row(blocks: list[dict], template: str, rule: tuple[str, str], cfg) -> 
     def mean(items, i):
         return float(np.mean([b["r"][i] for b in items])) if items else float("nan")
 
-    row = {"template": template, "filter": mode, "average": average, "auc": auc([b["r"][2] for b in keep], [b["r"][2] for b in lose])}
+    row = {"template": template, "filter": mode, "average": average, "scored": scored, "blocks": len(blocks), "auc": auc([b["r"][2] for b in keep], [b["r"][2] for b in lose])}
     per_prompt = [auc([b["r"][2] for b in keep if b["prompt"] == p], [b["r"][2] for b in lose if b["prompt"] == p])
                   for p in sorted({b["prompt"] for b in blocks})]
     row["auc_per_prompt"] = float(np.nanmean(per_prompt)) if not all(np.isnan(per_prompt)) else float("nan")
@@ -222,6 +233,7 @@ def pool_names(ep, t: int) -> dict[str, str]:
 
 def print_table(rows: list[dict]) -> None:
     cols = [("template", "template", "{}"), ("filter", "filter", "{}"), ("average", "average", "{}"),
+            ("answers scored", "scored", "{}"), ("blocks", "blocks", "{}"),
             ("AUC", "auc", "{:.3f}"),
             ("AUC/prompt", "auc_per_prompt", "{:.3f}"), ("AUC matched", "auc_matched", "{:.3f}"), ("AUC answer", "auc_answer", "{:.3f}"),
             ("AUC bridge", "auc_bridge", "{:.3f}"), ("AUC distractor", "auc_distractor", "{:.3f}"),
@@ -295,10 +307,10 @@ def main(argv: list[str] | None = None) -> int:
                                 "nonanswer_full": float(s["full"][~s["answer"]].mean())}
             blocks.append({"prompt": p, "episode": b["episode"], "behaviour": traj.behaviour, "turn": lab.turn,
                            "label": lab.label, "kinds": sorted({x.kind for x in lab.lost}),
-                           "shown": len(lab.shown), "pools": pool_names(ep, b["turn"]), "lost": [[x.kind, x.fact.value, x.replaced_by] for x in lab.lost],
+                           "shown": len(lab.shown), "questions": b["questions"], "pools": pool_names(ep, b["turn"]), "lost": [[x.kind, x.fact.value, x.replaced_by] for x in lab.lost],
                            "scores": scores})
     rules = all_rules() if args.rules == "all" else RULES
-    table = [table_row(blocks, name, rule, cfg) for name in temps for rule in rules]
+    table = [table_row(blocks, name, rule, cfg, scored) for name in temps for rule in rules for scored in SCORED]
     count = {c: sum(b["label"] == c for b in blocks) for c in ("keep", "lose", "none")}
     kinds = {k: sum(k in b["kinds"] for b in blocks) for k in KINDS}
     print(f"\nmemory-reward bench: policy {path}, {len(rows)} training prompts (k={args.k}) x {args.episodes} oracle "

@@ -161,13 +161,26 @@ def average_p(logp: np.ndarray, keep: np.ndarray, average: str = "geometric", sp
 
 
 def memory_reward(full_logp, mem_logp, tau: float = math.log(0.5), mode: str = "independent",
-                  eps: float = 1e-8, average: str = "geometric", spans=None, floor: float = -math.inf) -> BlockReward:
+                  eps: float = 1e-8, average: str = "geometric", spans=None, floor: float = -math.inf,
+                  questions=None) -> BlockReward:
     """R_mem of one block from its answer tokens' log-probs under both contexts: ``mode`` (FILTERS)
     says which tokens count, ``average`` (AVERAGES) how they become P, ``spans`` where each question's
-    answer lies (for per_question), ``floor`` the lowest log-prob a token contributes in mode floor."""
+    answer lies (for per_question), ``floor`` the lowest log-prob a token contributes in mode floor,
+    ``questions`` which spans are scored at all (indices into ``spans``; None = every one): the
+    others' tokens count on neither side, under any filter and average."""
     full_logp = np.asarray(full_logp, dtype=np.float32)
     mem_logp = np.asarray(mem_logp, dtype=np.float32)
     full_keep, mem_keep, full_logp, mem_logp = _filtered(full_logp, mem_logp, tau, mode, floor)
+    if questions is not None:
+        spans = spans or [(0, len(full_logp))]
+        if not questions or any(not 0 <= q < len(spans) for q in questions):
+            raise ValueError(f"questions {list(questions)} do not index the {len(spans)} answer spans")
+        spans = [spans[q] for q in sorted(set(questions))]
+        scored = np.zeros(full_logp.shape, dtype=bool)
+        for a, b in spans:
+            scored[a:b] = True
+        full_keep, mem_keep = full_keep & scored, mem_keep & scored
+        full_logp, mem_logp = np.where(scored, full_logp, 0.0), np.where(scored, mem_logp, 0.0)
     return BlockReward(full_keep, mem_keep, average_p(full_logp, full_keep, average, spans, eps),
                        average_p(mem_logp, mem_keep, average, spans, eps))
 

@@ -84,6 +84,13 @@ def sft_batch(samples: list[tuple[np.ndarray, int]], step: int) -> TrainingBatch
     return pack([Sample(ids[:ctx], ids[ctx:], group=i) for i, (ids, ctx) in enumerate(samples)], step=step)
 
 
+def cpus_per_rank(free_cpus: float, world_size: int, configured: float) -> float:
+    """The CPUs each SFT rank reserves on a local cluster: an equal whole share of the free ones, or,
+    when that share is under one core (a busy cluster), ``learner.num_cpus_per_worker`` as configured."""
+    share = free_cpus // world_size
+    return share if share >= 1 else configured
+
+
 def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     """Train and export; returns the Hugging Face directory of the cold-start policy."""
     from tqdm import tqdm
@@ -115,9 +122,8 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     if not cfg.ray.address:  # a local cluster of ours: give the ranks its free cores (all, when nothing else runs)
         import ray
 
-        free = ray.available_resources().get("CPU", 0.0) // cfg.learner.world_size
-        if free >= 1:  # else (a busy shared cluster) keep learner.num_cpus_per_worker
-            cfg.learner.num_cpus_per_worker = free
+        cfg.learner.num_cpus_per_worker = cpus_per_rank(ray.available_resources().get("CPU", 0.0),
+                                                        cfg.learner.world_size, cfg.learner.num_cpus_per_worker)
     group = LearnerGroup(cfg, source)
     runlog = RunLog(Path(cfg.train.run_dir) / "sft", resume_step=0)
     try:

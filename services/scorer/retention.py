@@ -3,10 +3,13 @@
 A block *retains* when every gold answer that the episode's observations had shown before its turn
 appears in the memory's text (both SQuAD-normalised, services/common/rewards.py); it is unlabelled
 (-1) when no gold answer had been shown yet. Text is decoded only to judge, never to train on.
+With ``scorer.scored_answers=shown`` the same check of the observations (:func:`shown_answers`) also
+picks which questions' answers a block's memory reward scores (the labels themselves never train).
 Each training step then reports the share of labelled blocks that retain and the AUC of R_mem for
 retaining against losing blocks (0.5 = the reward cannot tell them apart): whether the memory reward
 tracks retention in this run, without the oracle's ground truth (bench/memreward.py has that).
 
+    shown = shown_answers(tt, group, blocks)        # per block {question: its gold answers shown so far}
     labels = retention_labels(tt, group, blocks)    # 1 retains, 0 lost a shown answer, -1 nothing shown
     retention_metrics([s.r_mem for s in scores], [s.retained for s in scores])
     -> {"retention_blocks": 40.0, "retained_share": 0.85, "retention_auc": 0.74}
@@ -25,24 +28,32 @@ def _contains(normalized_text: str, answer: str) -> bool:
     return bool(a) and f" {a} " in f" {normalized_text} "
 
 
-def retention_labels(tt, group, blocks: list[tuple[int, int]]) -> list[int]:
-    """1 / 0 / -1 for each (episode, turn index) block of one RolloutGroup (see the module doc)."""
+def shown_answers(tt, group, blocks: list[tuple[int, int]]) -> list[dict[int, list[str]]]:
+    """For each (episode, turn index) block of one RolloutGroup: {question index: its gold answers that
+    the episode's observations before the block's turn contain}, questions with none left out."""
     golds = [list(g) for g in group.prompt.golds]
     observations: dict[int, list[str]] = {}  # each episode's observations, decoded once
     out = []
     for ei, ti in blocks:
-        ep = group.episodes[ei]
         if ei not in observations:
-            observations[ei] = [tt.decode(t.observation_ids.tolist())[0] for t in ep.turns]
+            observations[ei] = [tt.decode(t.observation_ids.tolist())[0] for t in group.episodes[ei].turns]
         seen = normalize_answer(" ".join(observations[ei][:ti]))
-        shown = [[a for a in answers if _contains(seen, a)] for answers in golds]
-        shown = [s for s in shown if s]
-        if not shown:
+        shown = {q: [a for a in answers if _contains(seen, a)] for q, answers in enumerate(golds)}
+        out.append({q: found for q, found in shown.items() if found})
+    return out
+
+
+def retention_labels(tt, group, blocks: list[tuple[int, int]], shown: list[dict] | None = None) -> list[int]:
+    """1 / 0 / -1 for each (episode, turn index) block of one RolloutGroup (see the module doc);
+    ``shown``: :func:`shown_answers` of the same blocks, when the caller has it already."""
+    out = []
+    for (ei, ti), found in zip(blocks, shown if shown is not None else shown_answers(tt, group, blocks)):
+        if not found:
             out.append(-1)
             continue
-        turn = ep.turns[ti]
+        turn = group.episodes[ei].turns[ti]
         memory = normalize_answer(tt.decode(turn.response_ids[turn.mem_start:turn.mem_end].tolist())[0])
-        out.append(int(all(any(_contains(memory, a) for a in s) for s in shown)))
+        out.append(int(all(any(_contains(memory, a) for a in answers) for answers in found.values())))
     return out
 
 

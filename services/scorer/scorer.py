@@ -32,7 +32,7 @@ from services.rollout.token_text import TokenText
 from services.scorer.continuation import Continuation, build_continuation, gold_answers
 from services.common.memory_reward import memory_reward
 from services.scorer.packing import Branch, tree_logprobs
-from services.scorer.retention import retention_labels
+from services.scorer.retention import retention_labels, shown_answers
 
 log = logging.getLogger("mempo.scorer")
 
@@ -62,16 +62,16 @@ class MemoryScorer:
         """The scored continuation of a gold answer (one per question: each keeps its own span)."""
         return build_continuation(self.tokenizer, self.cfg.answer_template, gold, self.tt, self.cfg.gold_joiner)
 
-    def reward(self, full_lp: np.ndarray, mem_lp: np.ndarray, cont: Continuation):
+    def reward(self, full_lp: np.ndarray, mem_lp: np.ndarray, cont: Continuation, questions=None):
         c = self.cfg
         return memory_reward(full_lp, mem_lp, c.tau, c.filter_mode, c.mean_eps, c.average, cont.question_spans(),
-                             c.logp_floor)
+                             c.logp_floor, questions)
 
     def score_trajectories(self, batch: TrajectoryBatch, version: int) -> MemoryScoreBatch:
         t0 = time.perf_counter()
         stats: dict = {}
         scores: list[MemoryScore] = []
-        skipped = 0
+        skipped = unshown = 0
         for gi, group in enumerate(batch.groups):
             try:
                 cont = self.continuation(gold_answers(group.prompt.golds))
@@ -105,18 +105,23 @@ class MemoryScorer:
                 mems.append(t.response_ids[t.mem_start:t.mem_end].tolist())
             branches = [Branch(len(prompt), m + cont.ids) for m in mems]
             mem_lps = tree_logprobs(self.model, prompt, branches, self.cfg.token_budget, stats)
-            retained = (retention_labels(self.tt, group, blocks) if self.tt is not None
+            shown = shown_answers(self.tt, group, blocks) if self.tt is not None else [{}] * len(blocks)
+            retained = (retention_labels(self.tt, group, blocks, shown) if self.tt is not None
                         else [-1] * len(blocks))  # no tokenizer (synthetic ids): nothing to judge
-            for (ei, ti), m, lp, kept in zip(blocks, mems, mem_lps, retained):
+            for (ei, ti), m, lp, kept, found in zip(blocks, mems, mem_lps, retained, shown):
+                if self.cfg.scored_answers == "shown" and not found:
+                    unshown += 1  # nothing to remember yet: no score, so no memory advantage
+                    continue
                 mem = lp[len(m) + a0:len(m) + a1]
-                r = self.reward(full_lp[(ei, ti)], mem, cont)
+                r = self.reward(full_lp[(ei, ti)], mem, cont,
+                                sorted(found) if self.cfg.scored_answers == "shown" else None)
                 scores.append(MemoryScore(group=gi, episode=ei, turn=ti,
                                           answer_ids=np.asarray(cont.answer_ids, np.int32),
                                           full_logp=full_lp[(ei, ti)].astype(np.float32), mem_logp=mem.astype(np.float32),
                                           full_keep=r.full_keep, mem_keep=r.mem_keep,
                                           p_full=r.p_full, p_mem=r.p_mem, r_mem=r.r_mem, retained=kept))
         n = max(1, len(scores))
-        metrics = {"blocks": float(len(scores)), "golds_skipped": float(skipped),
+        metrics = {"blocks": float(len(scores)), "golds_skipped": float(skipped), "blocks_unshown": float(unshown),
                    "forwards": float(stats.get("forwards", 0)),
                    "model_tokens": float(stats.get("tokens", 0)), "seconds": time.perf_counter() - t0,
                    "p_mem_mean": sum(s.p_mem for s in scores) / n, "p_full_mean": sum(s.p_full for s in scores) / n,

@@ -109,3 +109,22 @@ def test_min_question_costs_a_lost_answer_all_of_p():
     assert r.p_full == pytest.approx(math.exp(-0.1), rel=1e-6)
     assert r.p_mem == pytest.approx(math.exp(-3.0), rel=1e-6)  # per_question would give (e^-0.1 + e^-3) / 2
     assert memory_reward(full, mem, mode="none", average="per_question", spans=spans).p_mem > r.p_mem
+
+
+def test_only_the_questions_named_are_scored_under_any_filter_and_average():
+    # question 2's answer was never shown: a memory that guessed it right must gain nothing from it
+    spans = [(0, 2), (3, 5)]
+    full = [-0.1, -0.1, -0.05, -6.0, -6.0]
+    guessed = [-0.1, -0.1, -0.05, -0.1, -0.1]
+    assert memory_reward(full, guessed, TAU, "none", average="per_question", spans=spans).r_mem > 0.4
+    for mode in ("none", "independent", "floor"):
+        for average in ("per_question", "geometric", "arithmetic", "min_question"):
+            r = memory_reward(full, guessed, TAU, mode, average=average, spans=spans, questions=[0])
+            assert r.r_mem == pytest.approx(0.0, abs=1e-9), (mode, average)
+            assert not r.mem_keep[2:].any() and not r.full_keep[2:].any()
+    one = memory_reward(full, guessed, TAU, "none", average="geometric", spans=spans, questions=[1])
+    assert one.p_mem == pytest.approx(math.exp(-0.1)) and one.p_full == pytest.approx(math.exp(-6.0))
+    with pytest.raises(ValueError, match="do not index"):
+        memory_reward(full, guessed, TAU, "none", spans=spans, questions=[2])
+    with pytest.raises(ValueError, match="do not index"):
+        memory_reward(full, guessed, TAU, "none", spans=spans, questions=[])

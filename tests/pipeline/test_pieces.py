@@ -12,7 +12,7 @@ from services.pipeline.plan import actors, totals
 from services.pipeline.report import markdown_table, write_report
 from services.pipeline.runlog import RunLog, read_rows
 from services.pipeline.serve_apps import ROOT, config_from_args
-from services.pipeline.sft import load_transcripts, sft_batch, turn_samples
+from services.pipeline.sft import cpus_per_rank, load_transcripts, sft_batch, turn_samples
 from services.pipeline.ahead import Generated
 from services.pipeline.train import stage_times
 
@@ -69,6 +69,13 @@ def test_report_table_and_curves(tmp_path):
     assert paths["curves"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(paths["eval"].read_text())["rl"]["1"]["em"] == 0.7
     assert markdown_table({}).count("\n") == 1
+
+
+def test_sft_ranks_take_the_free_cores_in_whole_shares_or_keep_the_configured_reservation():
+    assert cpus_per_rank(2.0, 1, 0.5) == 2.0  # a fresh local cluster: every core
+    assert cpus_per_rank(3.0, 2, 0.5) == 1.0  # whole shares per rank
+    assert cpus_per_rank(0.75, 1, 0.5) == 0.5  # a busy cluster: under a core free, keep the config's
+    assert cpus_per_rank(1.5, 2, 0.25) == 0.25
 
 
 def test_sft_samples_train_only_on_assistant_tokens_in_memory_contexts(tiny_cfg, world):

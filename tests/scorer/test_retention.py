@@ -5,7 +5,7 @@ from transformers import AutoTokenizer
 
 from services.common.messages import Episode, Prompt, RolloutGroup, TurnRecord
 from services.rollout.token_text import TokenText
-from services.scorer.retention import retention_labels, retention_metrics
+from services.scorer.retention import retention_labels, retention_metrics, shown_answers
 
 I32 = np.int32
 
@@ -32,6 +32,9 @@ def test_labels_follow_what_the_history_showed_and_the_memory_kept(world):
     labels = retention_labels(TokenText(tok), group, [(0, 1), (0, 2), (0, 3)])
     # turn 2 kept the one answer shown; turn 3 dropped it; turn 4 holds both (normalised: case, articles)
     assert labels == [1, 0, 1]
+    # what each block's turn had been shown: question 0 from the first observation, question 1 from the third
+    reed = ["Reed College", "Reed"]  # every alias the observations hold
+    assert shown_answers(TokenText(tok), group, [(0, 1), (0, 2), (0, 3)]) == [{0: reed}, {0: reed}, {0: reed, 1: ["1911"]}]
     early = RolloutGroup(prompt=Prompt(uid="q", messages=[], golds=[["Kalton"]]), episodes=[ep])
     assert retention_labels(TokenText(tok), early, [(0, 1)]) == [-1]  # nothing shown: unlabelled
 

@@ -81,3 +81,29 @@ def test_a_gold_without_a_continuation_skips_its_group_not_the_batch(setup, tiny
     assert out.metrics["golds_skipped"] == 1.0
     assert out.scores and {s.group for s in out.scores} == {1}
     assert tok.decode(out.scores[0].answer_ids).strip().startswith("Caf\u00e9")
+
+
+def test_shown_answers_only_scores_the_questions_the_history_had_shown(setup, tiny_cfg):
+    from services.rollout.token_text import TokenText
+    from services.scorer.retention import shown_answers
+
+    tok, model, batch = setup
+    cfg = tiny_cfg.model_copy(deep=True)
+    cfg.scorer.scored_answers = "shown"
+    every = MemoryScorer(model, tok, tiny_cfg).score_trajectories(batch, version=5)
+    out = MemoryScorer(model, tok, cfg).score_trajectories(batch, version=5)
+    assert out.scores and out.metrics["blocks_unshown"] > 0  # oracle episodes search before they find
+    assert len(out.scores) + out.metrics["blocks_unshown"] == len(every.scores)
+    partial = 0
+    for s in out.scores:
+        group = batch.groups[s.group]
+        found = shown_answers(TokenText(tok), group, [(s.episode, s.turn)])[0]
+        assert found  # a block with nothing shown gets no score
+        cont = build_continuation(tok, cfg.scorer.answer_template, gold_answers(group.prompt.golds), None,
+                                  cfg.scorer.gold_joiner)
+        c = cfg.scorer
+        r = memory_reward(s.full_logp, s.mem_logp, c.tau, c.filter_mode, c.mean_eps, c.average,
+                          cont.question_spans(), c.logp_floor, sorted(found))
+        assert s.r_mem == pytest.approx(r.r_mem, abs=1e-6) and s.mem_keep.tolist() == r.mem_keep.tolist()
+        partial += len(found) < len(group.prompt.golds)
+    assert partial  # some blocks had seen one answer of two: only that one counted
