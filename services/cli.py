@@ -150,7 +150,8 @@ def _eval(argv: list[str]) -> int:
 def _compare(argv: list[str]) -> int:
     p = _parser("compare", "The paper's comparison in miniature: from one SFT start, RL with MemPO, MEM1-like "
                            "(no memory reward) and Search-R1-like (full history) for the same steps, then one "
-                           "held-out table and plot in <train.run_dir>/compare/.")
+                           "held-out table and plot in <train.run_dir>/compare/. No periodic evaluation during "
+                           "training unless train.eval_every=N is given: the final one is the comparison.")
     from services.pipeline.compare import variants_help
 
     p.add_argument("--variants", default="", help="comma-separated variants, NAME or NAME:SEEDS to run that one at "

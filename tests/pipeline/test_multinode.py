@@ -230,16 +230,35 @@ def _kill_rollout_node_mid_step(cluster, run_dir: Path, http_port: int, rows_bef
     node hosting the rollout replica is killed. The host is found from the process table (the node whose
     raylet started the replica's worker), not the state API: on a loaded machine that can take seconds,
     long enough for the step's rollout to finish and the kill to miss it (the tests then check the
-    victim against the state API)."""
+    victim against the state API).
+
+    The search count to beat is read *before* the step's rollout can start: each look reads the count,
+    then the log, and a count read while the log still lacked step ``rows_before`` precedes that step's
+    first search (the loop logs a step before it lets the next rollout begin; with max_staleness 0 the
+    previous rollout's searches ended a whole learner update earlier). Reading it after the log showed
+    the step raced the rollout: on a slow machine every search of the step could land first, and the
+    kill then hit the final evaluation instead of the step."""
+    def searches() -> int | None:
+        """The search service's request count; None while the command's services are coming up."""
+        try:
+            r = httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=10)
+            return r.json()["requests"] if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+
     def during(proc):
         deadline = time.time() + 600
+        before = None
         while time.time() < deadline and proc.poll() is None:
+            count = searches()
             if len(_rows(run_dir / "metrics.jsonl")) >= rows_before:
                 break
+            if count is not None:
+                before = count  # read while step rows_before + 1 could not have searched yet
             time.sleep(0.05)
-        before = httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=10).json()["requests"]
+        assert before is not None, "the log had the step before the first look: nothing to count from"
         while time.time() < deadline and proc.poll() is None:
-            if httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=10).json()["requests"] > before:
+            if (searches() or 0) > before:
                 break
             time.sleep(0.02)
         host = cluster.nodes_running("ray::ServeReplica:rollout:rollout")

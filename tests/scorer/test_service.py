@@ -156,6 +156,9 @@ LONG = {"mem_context_ids": [5] * 990, "full_context_ids": [7] * 990, "continuati
 SHORT = {"mem_context_ids": [5, 6], "full_context_ids": [7, 8], "continuation_ids": [3, 4], "answer_span": [0, 2]}
 
 
+TRIES = 5
+
+
 async def _timed(client, url, body):
     t0 = time.perf_counter()
     r = await client.post(f"{url}/score", json=body, timeout=60)
@@ -163,23 +166,40 @@ async def _timed(client, url, body):
 
 
 def test_a_short_request_is_not_stuck_behind_a_long_one(scorer):
+    """A short request sent while a long one is being scored is answered (or refused with 503) before the
+    long one ends. A scorer that serves one request at a time can never do that: the short one would start
+    when the long one ends. A concurrent one does it unless the machine's scheduler happens to let the long
+    one finish first: the long request is only tens of milliseconds on the tiny model, and on 2 loaded
+    cores that happened in CI (3.7 ms late after 29 ms), so the race is run up to ``TRIES`` times and must
+    be won at least once, every try's answers checked."""
     _, url, _ = scorer
+
+    async def race(client):
+        long_task = asyncio.create_task(_timed(client, url, LONG))
+        await asyncio.sleep(0.02)
+        short = await _timed(client, url, SHORT)
+        return short, await long_task
 
     async def main():
         async with httpx.AsyncClient() as client:
             await _timed(client, url, SHORT)  # warm
-            long_task = asyncio.create_task(_timed(client, url, LONG))
-            await asyncio.sleep(0.02)
-            short = await _timed(client, url, SHORT)
-            return short, await long_task
+            out = []
+            for _ in range(TRIES):
+                out.append(await race(client))
+                (_, _, short_end), (_, _, long_end) = out[-1]
+                if short_end < long_end:
+                    break
+            return out
 
-    (short, short_s, short_end), (long, long_s, long_end) = asyncio.run(main())
-    print(f"long {long_s * 1000:.0f} ms, short beside it {short_s * 1000:.0f} ms")
-    assert long.status_code == 200
-    assert short.status_code in (200, 503)
-    if short.status_code == 503:
-        assert int(short.headers["retry-after"]) >= 1
-    assert short_end < long_end  # served (or refused) while the long one still ran, not after it
+    tries = asyncio.run(main())
+    for (short, short_s, _), (long, long_s, _) in tries:
+        print(f"long {long_s * 1000:.0f} ms, short beside it {short_s * 1000:.0f} ms")
+        assert long.status_code == 200
+        assert short.status_code in (200, 503)
+        if short.status_code == 503:
+            assert int(short.headers["retry-after"]) >= 1
+    # served (or refused) while the long one still ran, not after it
+    assert any(short_end < long_end for (_, _, short_end), (_, _, long_end) in tries), tries
 
 
 def test_a_full_queue_answers_503_with_retry_after(scorer):
