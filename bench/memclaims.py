@@ -39,14 +39,16 @@ SECTION = re.compile(r"^Q(\d+):", re.M)
 ANSWER = re.compile(r"^- Answer:\s*(.*?)\s*$", re.M)
 
 
+def sections(memory: str) -> list[tuple[int, int, int]]:
+    """(question index from 0, start, end) of every ``Q<i>:`` section of a memory, header included."""
+    heads = list(SECTION.finditer(memory))
+    return [(int(h.group(1)) - 1, h.start(), nxt.start() if nxt else len(memory))
+            for h, nxt in zip(heads, heads[1:] + [None])]
+
+
 def claims(memory: str) -> list[tuple[int, str]]:
     """(question index from 0, claimed answer) for every ``- Answer:`` line under a ``Q<i>:`` header."""
-    heads = list(SECTION.finditer(memory))
-    out = []
-    for h, nxt in zip(heads, heads[1:] + [None]):
-        body = memory[h.end():nxt.start() if nxt else len(memory)]
-        out += [(int(h.group(1)) - 1, m.group(1)) for m in ANSWER.finditer(body)]
-    return out
+    return [(q, m.group(1)) for q, a, b in sections(memory) for m in ANSWER.finditer(memory[a:b])]
 
 
 def judge_block(memory: str, golds: list[list[str]], shown_text: str) -> list[dict]:

@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.memclaims import SECTION, judge_block, read_groups  # noqa: E402
+from bench.memclaims import ANSWER, judge_block, read_groups, sections  # noqa: E402
 from services.common.rewards import normalize_answer  # noqa: E402
 from services.scorer.retention import _contains  # noqa: E402
 
@@ -44,32 +44,22 @@ LAST_LINE = re.compile(r"\n- [^\n]*$")
 
 def open_sections(memory: str) -> list[int]:
     """Question indices (from 0) whose section has no ``- Answer:`` line."""
-    heads = list(SECTION.finditer(memory))
-    out = []
-    for h, nxt in zip(heads, heads[1:] + [None]):
-        body = memory[h.end():nxt.start() if nxt else len(memory)]
-        if "\n- Answer:" not in "\n" + body.lstrip(" "):
-            out.append(int(h.group(1)) - 1)
-    return out
+    return [q for q, a, b in sections(memory) if not ANSWER.search(memory[a:b])]
 
 
 def close_sections(memory: str, answers: dict[int, str]) -> str:
     """``memory`` with the last ``- ...`` line of each question section in ``answers`` replaced by
     ``- Answer: <answer>`` (a section without such a line gets one appended)."""
-    heads = list(SECTION.finditer(memory))
-    pieces, at = [], 0
-    for h, nxt in zip(heads, heads[1:] + [None]):
-        end = nxt.start() if nxt else len(memory)
-        body = memory[h.start():end]
-        q = int(h.group(1)) - 1
+    out, at = [], 0
+    for q, a, b in sections(memory):
+        body = memory[a:b]
         if q in answers:
             tail = body.rstrip("\n")
             m = LAST_LINE.search(tail)
-            tail = (tail[:m.start()] if m else tail) + f"\n- Answer: {answers[q]}"
-            body = tail + body[len(body.rstrip("\n")):]
-        pieces.append(memory[at:h.start()] + body)
-        at = end
-    return "".join(pieces) + memory[at:]
+            body = (tail[:m.start()] if m else tail) + f"\n- Answer: {answers[q]}" + body[len(tail):]
+        out.append(memory[at:a] + body)
+        at = b
+    return "".join(out) + memory[at:]
 
 
 def inner(mem_block: str) -> str:
@@ -130,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(a.seed)
     pool = [g[0] for r in rows for g in r["golds"]]
 
-    def p_mem(block: dict, memory: str) -> float:
-        cont = scorer.continuation([g[0] for g in block["golds"]])
+    def p_mem(block: dict, memory: str, cont) -> float:
         ctx, _ = text_contexts(tok, cfg.rollout.system_prompt, [block["question"]], memory, [])
         lp = np.asarray(tree_logprobs(model, ctx, [Branch(len(ctx), cont.ids)], cfg.scorer.token_budget)[0])
         ans = lp[cont.answer_start:cont.answer_end]
@@ -142,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         for b in blocks:
             golds = {q: b["golds"][q][0] for q in b["open"]}
             wrong = {q: rng.choice([x for x in pool if x not in b["golds"][q]]) for q in b["open"]}
-            out.append({"as_written": p_mem(b, b["memory"]), "wrong": p_mem(b, close_sections(b["memory"], wrong)),
-                        "right": p_mem(b, close_sections(b["memory"], golds)), "k": len(b["golds"])})
+            cont = scorer.continuation([g[0] for g in b["golds"]])  # one per block: the edits leave the golds
+            out.append({"as_written": p_mem(b, b["memory"], cont), "k": len(b["golds"]),
+                        "wrong": p_mem(b, close_sections(b["memory"], wrong), cont),
+                        "right": p_mem(b, close_sections(b["memory"], golds), cont)})
     base = np.array([o["as_written"] for o in out])
     print(f"{len(out)} blocks (steps 1-{a.steps} of {a.run}; policy {a.policy}; rule {cfg.scorer.filter_mode}/"
           f"{cfg.scorer.average}, shown answers only)")
