@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -33,17 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.common.rewards import normalize_answer  # noqa: E402
+from services.common.turn_format import ANSWER_LINE as ANSWER, memory_sections  # noqa: E402
 from services.scorer.retention import _contains  # noqa: E402
 
-SECTION = re.compile(r"^Q(\d+):", re.M)
-ANSWER = re.compile(r"^- Answer:\s*(.*?)\s*$", re.M)
-
-
-def sections(memory: str) -> list[tuple[int, int, int]]:
-    """(question index from 0, start, end) of every ``Q<i>:`` section of a memory, header included."""
-    heads = list(SECTION.finditer(memory))
-    return [(int(h.group(1)) - 1, h.start(), nxt.start() if nxt else len(memory))
-            for h, nxt in zip(heads, heads[1:] + [None])]
+sections = memory_sections  # (question index from 0, start, end) of every ``Q<i>:`` section
 
 
 def claims(memory: str) -> list[tuple[int, str]]:

@@ -158,6 +158,11 @@ class MemoryScore:
     # 1: the memory's text holds every gold answer the episode's observations had shown; 0: it lost one;
     # -1: none shown yet (services/scorer/retention.py: a label-free check, never a training signal)
     retained: int = -1
+    # per question of the prompt (k entries; empty when the scorer had no tokenizer to read sections):
+    # that question's own R_mem under the same rule (NaN where it is not scored), and the token range
+    # [start, end) of its ``Q<i>:`` section in the turn's response_ids (-1, -1 where the memory has none)
+    question_r_mem: np.ndarray = array_field("float32", default_factory=lambda: np.zeros(0, np.float32))
+    question_spans: np.ndarray = array_field("int32", ndim=2, default_factory=lambda: np.zeros((0, 2), np.int32))
 
 
 @message

@@ -13,6 +13,12 @@
     A_token = A_out on every generated token of the episode, + alpha * A_mem on the tokens of that
               turn's <mem>...</mem> span; observation tokens get no loss
 
+With ``algorithm.mem_credit_scope=question`` the memory advantage is per question instead: each
+question q a block scores has its own R_mem[q] (the scorer's ``question_r_mem``), pooled as above but
+per (pool, q), and alpha * A_mem[q] lands on the tokens of the memory's ``Q<q>:`` section only (the
+scorer's ``question_spans``; on the whole block when the memory has no section for q). Tokens outside
+every section (the tags) get no memory advantage; ``a_mem`` of the block logs the mean of its A_mem[q].
+
 std is the unbiased sample std (as torch.std in verl). A group or pool whose values are all equal,
 or that holds a single value, gets advantage 0, never NaN.
 
@@ -72,13 +78,17 @@ class Advantages:
 
 
 def token_advantage(n_tokens: int, a_out: float, mem_span: tuple[int, int], a_mem: float, alpha: float,
-                    outcome_on_mem: bool = True) -> np.ndarray:
+                    outcome_on_mem: bool = True, credits: Optional[list[tuple[int, int, float]]] = None) -> np.ndarray:
+    """A turn's per-token advantage: ``a_out`` everywhere, plus ``alpha * a_mem`` on ``mem_span``, or,
+    when ``credits`` is given (per-question scope), ``alpha * a`` on each of its (start, end, a) ranges."""
     adv = np.full(n_tokens, a_out, dtype=np.float32)
     start, end = mem_span
     if start >= 0 and not outcome_on_mem:
         adv[start:end] = 0.0
-    if start >= 0 and a_mem != 0.0:
-        adv[start:end] += np.float32(alpha * a_mem)
+    if start >= 0:
+        for a, b, value in credits if credits is not None else [(start, end, a_mem)]:
+            if value != 0.0:
+                adv[a:b] += np.float32(alpha * value)
     return adv
 
 
@@ -104,6 +114,46 @@ def mem_credit(r_mem: float, credit: str) -> float:
     return min(r_mem, 0.0) if credit == "loss_only" else r_mem
 
 
+def _block_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: list[float]) -> dict:
+    """(episode, turn) -> A_mem of every scored block of one group: R_mem pooled by ``pool_key``."""
+    pools: dict[object, list] = defaultdict(list)
+    for s in group_scores:
+        pools[pool_key(group.episodes[s.episode], s.turn, cfg.mem_pooling)].append(s)
+    out = {}
+    for pool in pools.values():
+        r_mem = [mem_credit(s.r_mem, cfg.mem_credit) for s in pool]
+        if len(pool) >= 2:
+            spreads.append(spread(r_mem))
+        for s, a in zip(pool, normalize(r_mem, cfg.mem_eps, cfg.mem_std_floor)):
+            out[(s.episode, s.turn)] = float(a)
+    return out
+
+
+def _question_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: list[float]) -> dict:
+    """(episode, turn) -> [(start, end, A_mem[q])] of every scored block of one group: each question's
+    R_mem pooled by (``pool_key``, q), credited on the token range of that question's section."""
+    pools: dict[object, list] = defaultdict(list)
+    for s in group_scores:
+        if not len(s.question_r_mem):
+            raise ValueError("algorithm.mem_credit_scope=question needs per-question memory rewards, and the "
+                             f"score of group {s.group}, episode {s.episode}, turn {s.turn} has none")
+        key = pool_key(group.episodes[s.episode], s.turn, cfg.mem_pooling)
+        for q, r in enumerate(s.question_r_mem):
+            if np.isfinite(r):
+                pools[(key, q)].append((s, q, float(r)))
+    out: dict = defaultdict(list)
+    for pool in pools.values():
+        r_mem = [mem_credit(r, cfg.mem_credit) for _, _, r in pool]
+        if len(pool) >= 2:
+            spreads.append(spread(r_mem))
+        for (s, q, _), a in zip(pool, normalize(r_mem, cfg.mem_eps, cfg.mem_std_floor)):
+            turn = group.episodes[s.episode].turns[s.turn]
+            start, end = (int(x) for x in s.question_spans[q]) if q < len(s.question_spans) else (-1, -1)
+            out[(s.episode, s.turn)].append((start, end, float(a)) if start >= 0
+                                            else (turn.mem_start, turn.mem_end, float(a)))
+    return out
+
+
 def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch], cfg: AlgorithmConfig) -> Advantages:
     out = Advantages()
     varied = 0  # groups whose outcome rewards differ: the only ones GRPO's outcome advantage learns from
@@ -118,21 +168,16 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
         varied += len({r for r, _ in rs}) > 1
         for e, ((r, f1), a) in enumerate(zip(rs, a_out)):
             out.rewards[(g, e)], out.f1[(g, e)], out.a_out[(g, e)] = r, f1, float(a)
-        pools: dict[object, list] = defaultdict(list)
-        for s in by_group.get(g, []):
-            pools[pool_key(group.episodes[s.episode], s.turn, cfg.mem_pooling)].append(s)
-        for pool in pools.values():
-            r_mem = [mem_credit(s.r_mem, cfg.mem_credit) for s in pool]
-            if len(pool) >= 2:
-                mem_spreads.append(spread(r_mem))
-            for s, a in zip(pool, normalize(r_mem, cfg.mem_eps, cfg.mem_std_floor)):
-                out.a_mem[(g, s.episode, s.turn)] = float(a)
+        per_question = cfg.mem_credit_scope == "question"
+        credits = (_question_credits if per_question else _block_credits)(by_group.get(g, []), group, cfg, mem_spreads)
+        for (e, t), c in credits.items():
+            out.a_mem[(g, e, t)] = float(np.mean([a for _, _, a in c])) if per_question else c
         for e, ep in enumerate(group.episodes):
             for t, turn in enumerate(ep.turns):
-                a_mem = out.a_mem.get((g, e, t), 0.0)
-                out.token_advantages[(g, e, t)] = token_advantage(len(turn.response_ids), out.a_out[(g, e)],
-                                                                  (turn.mem_start, turn.mem_end), a_mem, cfg.mem_alpha,
-                                                                  cfg.outcome_on_mem)
+                out.token_advantages[(g, e, t)] = token_advantage(
+                    len(turn.response_ids), out.a_out[(g, e)], (turn.mem_start, turn.mem_end),
+                    out.a_mem.get((g, e, t), 0.0), cfg.mem_alpha, cfg.outcome_on_mem,
+                    credits.get((e, t), []) if per_question else None)
     n = max(1, len(out.rewards))
     out.metrics = {"reward_mean": sum(out.rewards.values()) / n, "f1_mean": sum(out.f1.values()) / n,
                    "format_ok_share": sum(format_valid(ep) for grp in batch.groups for ep in grp.episodes) / n,

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import numpy as np
+
 from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch, TurnRecord
 from services.learner.advantages import Advantages
 
@@ -23,7 +25,9 @@ def _score(s) -> dict:
     return {"p_mem": float(s.p_mem), "p_full": float(s.p_full), "r_mem": float(s.r_mem), "retained": int(s.retained),
             "answer_ids": [int(i) for i in s.answer_ids], "mem_logp": [float(x) for x in s.mem_logp],
             "full_logp": [float(x) for x in s.full_logp], "mem_keep": [bool(x) for x in s.mem_keep],
-            "full_keep": [bool(x) for x in s.full_keep]}
+            "full_keep": [bool(x) for x in s.full_keep],
+            "question_r_mem": [float(x) if np.isfinite(x) else None for x in s.question_r_mem],
+            "question_spans": [[int(a), int(b)] for a, b in s.question_spans]}
 
 
 def turn_record(turn: TurnRecord, score: Optional[MemoryScore], a_mem: Optional[float]) -> dict:

@@ -65,6 +65,9 @@ _ENTRIES = (
             ("rollout.memory_window=full", "algorithm.use_memory_reward=false"), True),
     Variant("mempo_ref", "MemPO with the reference's memory reward",
             ("scorer.filter_mode=independent", "scorer.average=geometric", "scorer.answer_template=reference"), False),
+    # exp27: each question's section of a memory credited with that question's own R_mem (shown answers)
+    Variant("mempo_q", "MemPO, per-question memory credit on shown answers",
+            ("scorer.scored_answers=shown", "algorithm.mem_credit_scope=question"), False),
     # a start of its own: a policy SFT-trained on memory contexts reads full histories badly (exp21/exp23)
     Variant("search_r1_own", "Search-R1-like GRPO from its own full-history SFT start",
             ("rollout.memory_window=full", "algorithm.use_memory_reward=false"), False, own_start=True),

@@ -16,6 +16,10 @@ group for the mem contexts (every memory block hangs off the shared prompt).
 A group whose gold answer cannot be turned into a continuation (empty, or text the tokenizer does
 not decode back even after NFC normalisation) is skipped, counted in ``metrics["golds_skipped"]``;
 it never fails the batch (its episodes then get no memory reward, like a group without blocks).
+
+Each score also carries, per question of the prompt, that question's own R_mem (its answer span
+alone, under the same rule) and the token range of the memory's section on it (``Q<i>: ...``,
+:func:`section_spans`): what ``algorithm.mem_credit_scope=question`` credits section by section.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 from services.common.config import MempoConfig, ScorerConfig, fields_marked
 from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch
 from services.common.model_io import chat_ids, text_ids
+from services.common.turn_format import memory_sections
 from services.rollout.token_text import TokenText
 from services.scorer.continuation import Continuation, build_continuation, gold_answers
 from services.common.memory_reward import memory_reward
@@ -49,6 +54,24 @@ def text_contexts(tokenizer, system: str, questions: list[str], memory: str,
     head = [{"role": "system", "content": system}, {"role": "user", "content": "; ".join(questions)}]
     mem = chat_ids(tokenizer, head) + text_ids(tokenizer, block("mem", memory))
     return mem, chat_ids(tokenizer, head + list(history))
+
+
+def section_spans(tt: TokenText, response_ids, mem_start: int, mem_end: int, k: int) -> np.ndarray:
+    """(k, 2) token ranges [start, end) in ``response_ids`` of the memory's section on each question
+    (``Q<i>:`` up to the next header or ``</mem>``; -1, -1 where the memory has no section for it, or
+    names it twice after the first). Found in the decoded text, mapped back to token positions: a
+    token that straddles a boundary belongs to the section that begins in it."""
+    out = np.full((k, 2), -1, np.int32)
+    text, ends = tt.decode(response_ids[mem_start:mem_end])
+    for q, a, b in memory_sections(text):
+        if 0 <= q < k and out[q, 0] < 0:
+            ts, te = tt.token_span(text, ends, a, b)
+            out[q] = (mem_start + ts, mem_start + te)
+    for q in range(k):  # disjoint: a section ends where a later-starting one begins
+        later = [int(s) for s in out[:, 0] if s > out[q, 0]]
+        if out[q, 0] >= 0 and later:
+            out[q, 1] = min(out[q, 1], min(later))
+    return out
 
 
 class MemoryScorer:
@@ -79,7 +102,7 @@ class MemoryScorer:
                 skipped += 1
                 log.warning("group %d skipped: no answer continuation for its gold (%s)", gi, e)
                 continue
-            a0, a1 = cont.answer_start, cont.answer_end
+            a0, a1, k = cont.answer_start, cont.answer_end, len(cont.question_spans())
             blocks = [(ei, ti) for ei, ep in enumerate(group.episodes) for ti, t in enumerate(ep.turns)
                       if t.mem_start >= 0 and t.turn >= 2]
             if not blocks:
@@ -113,13 +136,20 @@ class MemoryScorer:
                     unshown += 1  # nothing to remember yet: no score, so no memory advantage
                     continue
                 mem = lp[len(m) + a0:len(m) + a1]
-                r = self.reward(full_lp[(ei, ti)], mem, cont,
-                                sorted(found) if self.cfg.scored_answers == "shown" else None)
+                only = sorted(found) if self.cfg.scored_answers == "shown" else None  # None: every question
+                r = self.reward(full_lp[(ei, ti)], mem, cont, only)
+                per_q = np.full(k, np.nan, np.float32)
+                for q in only if only is not None else range(k):
+                    per_q[q] = self.reward(full_lp[(ei, ti)], mem, cont, [q]).r_mem
+                t = group.episodes[ei].turns[ti]
+                spans = (section_spans(self.tt, t.response_ids, t.mem_start, t.mem_end, k) if self.tt is not None
+                         else np.zeros((0, 2), np.int32))
                 scores.append(MemoryScore(group=gi, episode=ei, turn=ti,
                                           answer_ids=np.asarray(cont.answer_ids, np.int32),
                                           full_logp=full_lp[(ei, ti)].astype(np.float32), mem_logp=mem.astype(np.float32),
                                           full_keep=r.full_keep, mem_keep=r.mem_keep,
-                                          p_full=r.p_full, p_mem=r.p_mem, r_mem=r.r_mem, retained=kept))
+                                          p_full=r.p_full, p_mem=r.p_mem, r_mem=r.r_mem, retained=kept,
+                                          question_r_mem=per_q, question_spans=spans))
         n = max(1, len(scores))
         metrics = {"blocks": float(len(scores)), "golds_skipped": float(skipped), "blocks_unshown": float(unshown),
                    "forwards": float(stats.get("forwards", 0)),

@@ -213,3 +213,45 @@ def test_loss_only_credit_charges_what_a_memory_lost_and_credits_nothing_beyond_
     expected = (credited - credited.mean()) / (credited.std(ddof=1) + 1e-6)
     np.testing.assert_allclose([loss.a_mem[(0, e, 1)] for e in range(3)], expected, rtol=1e-5)
     assert loss.a_mem[(0, 0, 1)] == loss.a_mem[(0, 2, 1)] > loss.a_mem[(0, 1, 1)]
+
+
+def _question_scores(blocks):
+    """Group 0's scores with per-question values: (episode, turn, [R_mem per question], [(start, end)])."""
+    batch = _scores([(e, t, float(np.nanmean(r))) for e, t, r, _ in blocks])
+    for s, (_, _, r, spans) in zip(batch.scores, blocks):
+        s.question_r_mem = np.asarray(r, np.float32)
+        s.question_spans = np.asarray(spans, I32).reshape(-1, 2)
+    return batch
+
+
+def test_question_scope_credits_each_section_with_its_own_question():
+    nan = float("nan")
+    batch = TrajectoryBatch(groups=[_group(["a", "b", "c"], golds=(("x",), ("y",)))], policy_version=0)
+    # turn index 1's memory spans tokens [0, 4): sections Q1 = [1, 2), Q2 = [2, 4); episode 2 lacks Q2's section
+    scores = _question_scores([(0, 1, [0.1, 0.6], [(1, 2), (2, 4)]),
+                               (1, 1, [0.3, 0.2], [(1, 2), (2, 4)]),
+                               (2, 1, [0.5, nan], [(1, 2), (-1, -1)])])  # Q2 not scored: it joins no pool
+    cfg = AlgorithmConfig(mem_credit_scope="question", mem_alpha=2.0)
+    adv = compute_advantages(batch, scores, cfg)
+    q1 = normalize([0.1, 0.3, 0.5], cfg.mem_eps)
+    q2 = normalize([0.6, 0.2], cfg.mem_eps)
+    for e in range(3):
+        got, a_out = adv.token_advantages[(0, e, 1)], adv.a_out[(0, e)]
+        assert got[0] == pytest.approx(a_out) and got[4:] == pytest.approx(a_out)  # outside every section
+        assert got[1] == pytest.approx(a_out + 2.0 * q1[e], abs=1e-5)
+    assert adv.token_advantages[(0, 0, 1)][2:4] == pytest.approx(adv.a_out[(0, 0)] + 2.0 * q2[0], abs=1e-5)
+    assert adv.token_advantages[(0, 1, 1)][2:4] == pytest.approx(adv.a_out[(0, 1)] + 2.0 * q2[1], abs=1e-5)
+    assert adv.token_advantages[(0, 2, 1)][2:4] == pytest.approx(adv.a_out[(0, 2)])  # not scored on Q2
+    assert adv.a_mem[(0, 0, 1)] == pytest.approx((q1[0] + q2[0]) / 2, abs=1e-5)  # the log: mean over questions
+    # a scored question whose section the memory lacks is credited on the whole block
+    scores = _question_scores([(0, 1, [0.1, 0.6], [(1, 2), (2, 4)]), (1, 1, [0.3, 0.2], [(1, 2), (-1, -1)])])
+    adv = compute_advantages(batch, scores, cfg)
+    q1, q2 = normalize([0.1, 0.3], cfg.mem_eps), normalize([0.6, 0.2], cfg.mem_eps)
+    got = adv.token_advantages[(0, 1, 1)] - adv.a_out[(0, 1)]
+    np.testing.assert_allclose(got[:4], [2 * q2[1], 2 * (q1[1] + q2[1]), 2 * q2[1], 2 * q2[1]], atol=1e-5)
+
+
+def test_question_scope_without_per_question_values_is_an_error():
+    batch = TrajectoryBatch(groups=[_group(["a", "b"])], policy_version=0)
+    with pytest.raises(ValueError, match="per-question"):
+        compute_advantages(batch, _scores([(0, 1, 0.1), (1, 1, 0.3)]), AlgorithmConfig(mem_credit_scope="question"))

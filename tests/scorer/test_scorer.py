@@ -107,3 +107,59 @@ def test_shown_answers_only_scores_the_questions_the_history_had_shown(setup, ti
         assert s.r_mem == pytest.approx(r.r_mem, abs=1e-6) and s.mem_keep.tolist() == r.mem_keep.tolist()
         partial += len(found) < len(group.prompt.golds)
     assert partial  # some blocks had seen one answer of two: only that one counted
+
+
+def test_each_block_carries_its_questions_own_reward_and_memory_sections(setup, tiny_cfg):
+    from services.rollout.token_text import TokenText
+    from services.scorer.retention import shown_answers
+
+    tok, model, batch = setup
+    cfg = tiny_cfg.model_copy(deep=True)
+    cfg.scorer.scored_answers = "shown"
+    out = MemoryScorer(model, tok, cfg).score_trajectories(batch, version=5)
+    tt = TokenText(tok)
+    sections = 0
+    for s in out.scores:
+        group = batch.groups[s.group]
+        k = len(group.prompt.golds)
+        turn = group.episodes[s.episode].turns[s.turn]
+        found = shown_answers(tt, group, [(s.episode, s.turn)])[0]
+        cont = build_continuation(tok, cfg.scorer.answer_template, gold_answers(group.prompt.golds), None,
+                                  cfg.scorer.gold_joiner)
+        c = cfg.scorer
+        assert s.question_r_mem.shape == (k,) and s.question_spans.shape == (k, 2)
+        for q in range(k):
+            if q not in found:  # not scored: no value of its own
+                assert np.isnan(s.question_r_mem[q])
+                continue
+            alone = memory_reward(s.full_logp, s.mem_logp, c.tau, c.filter_mode, c.mean_eps, c.average,
+                                  cont.question_spans(), c.logp_floor, [q])
+            assert s.question_r_mem[q] == pytest.approx(alone.r_mem, abs=1e-6)
+        starts = []
+        for q, (a, b) in enumerate(s.question_spans.tolist()):
+            assert turn.mem_start <= a < b <= turn.mem_end  # the oracle's memories name every question
+            text = tt.decode(turn.response_ids[a:b].tolist())[0]
+            assert text.lstrip("\n").startswith(f"Q{q + 1}: ") and "</mem>" not in text
+            starts.append(a)
+            sections += 1
+        ends = [b for _, b in s.question_spans.tolist()]
+        assert starts == sorted(starts) and all(e <= n for e, n in zip(ends, starts[1:]))  # disjoint, in order
+    assert sections
+
+
+def test_section_spans_on_odd_memories(setup):
+    from services.common.model_io import text_ids
+    from services.rollout.token_text import TokenText
+    from services.scorer.scorer import section_spans
+
+    tok, _, _ = setup
+    tt = TokenText(tok)
+    memory = "<mem>\nQ2: second?\n- Answer: Kroumia\nQ2: again?\n- x.\nQ9: none\n</mem>\nQ1: after the block"
+    ids = np.asarray(text_ids(tok, memory), np.int32)
+    end = len(ids)
+    spans = section_spans(tt, ids, 0, end, 2)
+    assert spans[0].tolist() == [-1, -1]  # no Q1 inside the memory (the one after </mem> does not count)
+    a, b = spans[1].tolist()
+    text = tt.decode(ids[a:b].tolist())[0]
+    assert "Q2: second?" in text and "Answer: Kroumia" in text and "again" not in text  # the first Q2 only
+    assert section_spans(tt, ids, 0, end, 0).shape == (0, 2)
