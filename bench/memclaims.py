@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.common.rewards import normalize_answer  # noqa: E402
-from services.common.turn_format import ANSWER_LINE as ANSWER, memory_sections  # noqa: E402
+from services.common.memory_sections import ANSWER_LINE as ANSWER, memory_sections  # noqa: E402
 from services.scorer.retention import _contains  # noqa: E402
 
 sections = memory_sections  # (question index from 0, start, end) of every ``Q<i>:`` section

@@ -9,11 +9,6 @@ the next user message: ``<information>\\n...\\n</information>``.
     render_turn(mem="Ada was born in Kalton.", think="Now the country.", search="Kalton country")
     -> "<mem>\\nAda was born in Kalton.\\n</mem>\\n<think>\\nNow the country.\\n</think>\\n<search> Kalton country </search>"
 
-A memory is written in question sections, one per question of the prompt (the oracle's grammar):
-``Q<i>: <question>`` on its own line, then ``- `` lines of facts, ending ``- Answer: X`` or
-``- Still needed: ...``. :func:`memory_sections` finds them (the scorer's per-question credit, the
-benches that read memories).
-
 ``<mem>`` and ``<think>`` bodies go on their own lines; the action's argument sits inline between
 spaces (``<search> query </search>``, ``<answer> text </answer>``, as Search-R1 writes them). The
 space matters to a byte-level BPE: a name after a space is the same tokens as in the question and
@@ -22,8 +17,6 @@ in the passages (" Sudryl" -> "ĠSudryl"), while a name at the start of a line i
 """
 
 from __future__ import annotations
-
-import re
 
 TAGS = ("mem", "think", "search", "answer", "information")
 
@@ -64,22 +57,3 @@ def answer_continuation(answer: str = "{gold}") -> str:
 def render_information(text: str) -> str:
     """The observation message that follows a search."""
     return block("information", text)
-
-
-SECTION = re.compile(r"^Q(\d+):", re.M)  # a question section's header line in a memory
-ANSWER_LINE = re.compile(r"^- Answer:\s*(.*?)\s*$", re.M)  # a section's closing claim
-
-
-def section_header(i: int, question: str) -> str:
-    """The header line of question ``i``'s section (1-based, as the policy writes it)."""
-    return f"Q{i}: {question}"
-
-
-def memory_sections(memory: str) -> list[tuple[int, int, int]]:
-    """(question index from 0, start, end) character offsets of every ``Q<i>:`` section of a memory
-    text, header included; a section ends where the next begins, the last at ``</mem>`` (or the end)."""
-    close = memory.rfind("</mem>")
-    stop = close if close >= 0 else len(memory)
-    heads = [h for h in SECTION.finditer(memory) if h.start() < stop]
-    return [(int(h.group(1)) - 1, h.start(), nxt.start() if nxt else stop)
-            for h, nxt in zip(heads, heads[1:] + [None])]

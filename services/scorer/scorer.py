@@ -32,7 +32,7 @@ import numpy as np
 from services.common.config import MempoConfig, ScorerConfig, fields_marked
 from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch
 from services.common.model_io import chat_ids, text_ids
-from services.common.turn_format import memory_sections
+from services.common.memory_sections import memory_sections
 from services.rollout.token_text import TokenText
 from services.scorer.continuation import Continuation, build_continuation, gold_answers
 from services.common.memory_reward import memory_reward

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from services.common.turn_format import FINAL_THINK, render_information, render_turn, section_header
+from services.common.turn_format import FINAL_THINK, render_information, render_turn
 from services.learner.rewards import multi_objective_em
 from services.search_tool.formatting import DEFAULT_DOC_FORMAT, format_passages, split_contents
 from services.world.questions import Question
@@ -160,7 +160,7 @@ class OracleAgent:
     def _memory(self, goals: list[_Goal]) -> str:
         lines = []
         for i, g in enumerate(goals, 1):
-            lines.append(section_header(i, g.q.text))
+            lines.append(f"Q{i}: {g.q.text}")
             subject = g.q.hops[0].subject
             for hop, obj in zip(g.q.hops, g.found):
                 lines.append("- " + RELATIONS[hop.relation].memory.format(s=subject, o=obj) + ".")

@@ -1,11 +1,11 @@
-"""The memory grammar's section parse (services/common/turn_format.py)."""
+"""The memory grammar's section parse (services/common/memory_sections.py)."""
 
-from services.common.turn_format import ANSWER_LINE, memory_sections, section_header
+from services.common.memory_sections import ANSWER_LINE, memory_sections
 
 
 def test_sections_split_a_memory_by_question_header():
-    memory = ("<mem>\n" + section_header(1, "Where?") + "\n- A is in B.\n- Answer: B\n"
-              + section_header(2, "When?") + "\n- Still needed: the year.\n</mem>")
+    memory = ("<mem>\n" + "Q1: Where?" + "\n- A is in B.\n- Answer: B\n"
+              + "Q2: When?" + "\n- Still needed: the year.\n</mem>")
     got = memory_sections(memory)
     assert [q for q, _, _ in got] == [0, 1]
     first, second = (memory[a:b] for _, a, b in got)
