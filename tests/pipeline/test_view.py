@@ -29,7 +29,8 @@ def _decode(ids):
 
 def _sample(uid, em, mem="<mem> Answer: Kalton </mem>"):
     block = {"p_mem": 0.8, "p_full": 0.6, "r_mem": 0.2, "retained": 1, "tokens": ["Kal", "ton"],
-             "mem_logp": [-0.1, -2.5], "full_logp": [-0.2, -0.3], "mem_keep": [True, False], "full_keep": [True, True]}
+             "mem_logp": [-0.1, -2.5], "full_logp": [-0.2, -0.3], "mem_keep": [True, False], "full_keep": [True, True],
+             "question_r_mem": [0.2, None]}
     return {"uid": uid, "question": "Where is Sudryl Dynamics based?", "golds": [["Kalton"]], "answer": "Kalton",
             "em": em, "finish": "answer",
             "turns": [{"response": "<think> x </think> <search> q </search>", "before": "<think> x </think> ",
@@ -127,7 +128,8 @@ def test_the_page_in_a_real_browser_shows_the_table_the_episodes_and_a_heat_map(
         assert b.js("document.querySelectorAll('#episode-detail .turn').length") == 2
         assert b.js("document.querySelectorAll('#episode-detail .heat .tok').length") == 4  # 2 tokens x 2 contexts
         assert b.js("document.querySelectorAll('#episode-detail .heat .tok.dropped').length") == 1
-        assert "R_mem +0.200" in b.js("document.querySelector('#episode-detail .turn[data-turn=\"2\"] h4').textContent")
+        head = b.js("document.querySelector('#episode-detail .turn[data-turn=\"2\"] h4').textContent")
+        assert "R_mem +0.200" in head and "per question: Q1 +0.200 · Q2 not scored" in head
         saw = b.js("document.querySelector('#episode-detail .turn[data-turn=\"2\"] .context').textContent")
         assert "Where is Sudryl Dynamics based?" in saw and "<search> q </search>" in saw and "doc" in saw
         b.click("nav button[data-tab=groups]")
