@@ -149,7 +149,9 @@ def _question_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: 
         for (s, q, _), a in zip(pool, normalize(r_mem, cfg.mem_eps, cfg.mem_std_floor)):
             turn = group.episodes[s.episode].turns[s.turn]
             start, end = (int(x) for x in s.question_spans[q]) if q < len(s.question_spans) else (-1, -1)
-            out[(s.episode, s.turn)].append((start, end, float(a)) if start >= 0
+            if start >= 0:  # never outside the block, whatever the scorer sent
+                start, end = max(start, turn.mem_start), min(end, turn.mem_end)
+            out[(s.episode, s.turn)].append((start, end, float(a)) if 0 <= start < end
                                             else (turn.mem_start, turn.mem_end, float(a)))
     return out
 

@@ -58,8 +58,8 @@ def text_contexts(tokenizer, system: str, questions: list[str], memory: str,
 
 def section_spans(tt: TokenText, response_ids, mem_start: int, mem_end: int, k: int) -> np.ndarray:
     """(k, 2) token ranges [start, end) in ``response_ids`` of the memory's section on each question
-    (``Q<i>:`` up to the next header or ``</mem>``; -1, -1 where the memory has no section for it, or
-    names it twice after the first). Found in the decoded text, mapped back to token positions: a
+    (``Q<i>:`` up to the next header or ``</mem>``; -1, -1 where the memory has no section for it; a
+    question named twice keeps its first section). Found in the decoded text, mapped back to token positions: a
     token that straddles a boundary belongs to the section that begins in it."""
     out = np.full((k, 2), -1, np.int32)
     text, ends = tt.decode(response_ids[mem_start:mem_end])

@@ -255,3 +255,14 @@ def test_question_scope_without_per_question_values_is_an_error():
     batch = TrajectoryBatch(groups=[_group(["a", "b"])], policy_version=0)
     with pytest.raises(ValueError, match="per-question"):
         compute_advantages(batch, _scores([(0, 1, 0.1), (1, 1, 0.3)]), AlgorithmConfig(mem_credit_scope="question"))
+
+
+def test_question_scope_keeps_a_sections_credit_inside_its_block():
+    batch = TrajectoryBatch(groups=[_group(["a", "b"])], policy_version=0)
+    # turn index 1's memory spans [0, 4): a span past it is cut to the block; one wholly outside it
+    # (or empty) credits the whole block, as a missing section does
+    scores = _question_scores([(0, 1, [0.1], [(2, 9)]), (1, 1, [0.3], [(6, 8)])])
+    adv = compute_advantages(batch, scores, AlgorithmConfig(mem_credit_scope="question"))
+    a = normalize([0.1, 0.3], 1e-6)
+    np.testing.assert_allclose(adv.token_advantages[(0, 0, 1)] - adv.a_out[(0, 0)], [0, 0, a[0], a[0]] + [0] * 6, atol=1e-5)
+    np.testing.assert_allclose(adv.token_advantages[(0, 1, 1)] - adv.a_out[(0, 1)], [a[1]] * 4 + [0] * 6, atol=1e-5)
