@@ -32,15 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.common.rewards import normalize_answer  # noqa: E402
-from services.common.memory_sections import ANSWER_LINE as ANSWER, memory_sections  # noqa: E402
+from services.common.memory_sections import ANSWER_LINE, memory_sections  # noqa: E402
 from services.scorer.retention import _contains  # noqa: E402
-
-sections = memory_sections  # (question index from 0, start, end) of every ``Q<i>:`` section
-
 
 def claims(memory: str) -> list[tuple[int, str]]:
     """(question index from 0, claimed answer) for every ``- Answer:`` line under a ``Q<i>:`` header."""
-    return [(q, m.group(1)) for q, a, b in sections(memory) for m in ANSWER.finditer(memory[a:b])]
+    return [(q, m.group(1)) for q, a, b in memory_sections(memory) for m in ANSWER_LINE.finditer(memory[a:b])]
 
 
 def judge_block(memory: str, golds: list[list[str]], shown_text: str) -> list[dict]:

@@ -35,7 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.memclaims import ANSWER, judge_block, read_groups, sections  # noqa: E402
+from bench.memclaims import judge_block, read_groups  # noqa: E402
+from services.common.memory_sections import ANSWER_LINE, memory_sections  # noqa: E402
 from services.common.rewards import normalize_answer  # noqa: E402
 from services.scorer.retention import _contains  # noqa: E402
 
@@ -44,14 +45,14 @@ LAST_LINE = re.compile(r"\n- [^\n]*$")
 
 def open_sections(memory: str) -> list[int]:
     """Question indices (from 0) whose section has no ``- Answer:`` line."""
-    return [q for q, a, b in sections(memory) if not ANSWER.search(memory[a:b])]
+    return [q for q, a, b in memory_sections(memory) if not ANSWER_LINE.search(memory[a:b])]
 
 
 def close_sections(memory: str, answers: dict[int, str]) -> str:
     """``memory`` with the last ``- ...`` line of each question section in ``answers`` replaced by
     ``- Answer: <answer>`` (a section without such a line gets one appended)."""
     out, at = [], 0
-    for q, a, b in sections(memory):
+    for q, a, b in memory_sections(memory):
         body = memory[a:b]
         if q in answers:
             tail = body.rstrip("\n")

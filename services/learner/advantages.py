@@ -114,18 +114,27 @@ def mem_credit(r_mem: float, credit: str) -> float:
     return min(r_mem, 0.0) if credit == "loss_only" else r_mem
 
 
-def _block_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: list[float]) -> dict:
-    """(episode, turn) -> A_mem of every scored block of one group: R_mem pooled by ``pool_key``."""
-    pools: dict[object, list] = defaultdict(list)
-    for s in group_scores:
-        pools[pool_key(group.episodes[s.episode], s.turn, cfg.mem_pooling)].append(s)
-    out = {}
+def _pooled(pools: dict, cfg: AlgorithmConfig, spreads: list[float]):
+    """(member, A_mem) for every member of every pool of (member, R_mem) pairs: R_mem credited by
+    ``algorithm.mem_credit``, normalised within its pool; each pool's spread goes to ``spreads``."""
     for pool in pools.values():
-        r_mem = [mem_credit(s.r_mem, cfg.mem_credit) for s in pool]
+        r_mem = [mem_credit(r, cfg.mem_credit) for _, r in pool]
         if len(pool) >= 2:
             spreads.append(spread(r_mem))
-        for s, a in zip(pool, normalize(r_mem, cfg.mem_eps, cfg.mem_std_floor)):
-            out[(s.episode, s.turn)] = float(a)
+        for (member, _), a in zip(pool, normalize(r_mem, cfg.mem_eps, cfg.mem_std_floor)):
+            yield member, float(a)
+
+
+def _block_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: list[float]) -> dict:
+    """(episode, turn) -> [(mem_start, mem_end, A_mem)] of every scored block of one group: the block's
+    R_mem pooled by ``pool_key``, credited on the whole block."""
+    pools: dict[object, list] = defaultdict(list)
+    for s in group_scores:
+        pools[pool_key(group.episodes[s.episode], s.turn, cfg.mem_pooling)].append((s, s.r_mem))
+    out = {}
+    for s, a in _pooled(pools, cfg, spreads):
+        turn = group.episodes[s.episode].turns[s.turn]
+        out[(s.episode, s.turn)] = [(turn.mem_start, turn.mem_end, a)]
     return out
 
 
@@ -140,19 +149,14 @@ def _question_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: 
         key = pool_key(group.episodes[s.episode], s.turn, cfg.mem_pooling)
         for q, r in enumerate(s.question_r_mem):
             if np.isfinite(r):
-                pools[(key, q)].append((s, q, float(r)))
+                pools[(key, q)].append(((s, q), float(r)))
     out: dict = defaultdict(list)
-    for pool in pools.values():
-        r_mem = [mem_credit(r, cfg.mem_credit) for _, _, r in pool]
-        if len(pool) >= 2:
-            spreads.append(spread(r_mem))
-        for (s, q, _), a in zip(pool, normalize(r_mem, cfg.mem_eps, cfg.mem_std_floor)):
-            turn = group.episodes[s.episode].turns[s.turn]
-            start, end = (int(x) for x in s.question_spans[q]) if q < len(s.question_spans) else (-1, -1)
-            if start >= 0:  # never outside the block, whatever the scorer sent
-                start, end = max(start, turn.mem_start), min(end, turn.mem_end)
-            out[(s.episode, s.turn)].append((start, end, float(a)) if 0 <= start < end
-                                            else (turn.mem_start, turn.mem_end, float(a)))
+    for (s, q), a in _pooled(pools, cfg, spreads):
+        turn = group.episodes[s.episode].turns[s.turn]
+        start, end = (int(x) for x in s.question_spans[q]) if q < len(s.question_spans) else (-1, -1)
+        if start >= 0:  # never outside the block, whatever the scorer sent
+            start, end = max(start, turn.mem_start), min(end, turn.mem_end)
+        out[(s.episode, s.turn)].append((start, end, a) if 0 <= start < end else (turn.mem_start, turn.mem_end, a))
     return out
 
 
@@ -161,6 +165,7 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
     varied = 0  # groups whose outcome rewards differ: the only ones GRPO's outcome advantage learns from
     mem_spreads: list[float] = []  # the std of R_mem in each pool of two or more blocks
     by_group: dict[int, list] = defaultdict(list)
+    credit_rule = _question_credits if cfg.mem_credit_scope == "question" else _block_credits
     if scores is not None and cfg.use_memory_reward:
         for s in scores.scores:
             by_group[s.group].append(s)
@@ -170,16 +175,14 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
         varied += len({r for r, _ in rs}) > 1
         for e, ((r, f1), a) in enumerate(zip(rs, a_out)):
             out.rewards[(g, e)], out.f1[(g, e)], out.a_out[(g, e)] = r, f1, float(a)
-        per_question = cfg.mem_credit_scope == "question"
-        credits = (_question_credits if per_question else _block_credits)(by_group.get(g, []), group, cfg, mem_spreads)
+        credits = credit_rule(by_group.get(g, []), group, cfg, mem_spreads)  # (e, t) -> [(start, end, A_mem)]
         for (e, t), c in credits.items():
-            out.a_mem[(g, e, t)] = float(np.mean([a for _, _, a in c])) if per_question else c
+            out.a_mem[(g, e, t)] = float(np.mean([a for _, _, a in c]))  # per question: the mean, for the log
         for e, ep in enumerate(group.episodes):
             for t, turn in enumerate(ep.turns):
                 out.token_advantages[(g, e, t)] = token_advantage(
                     len(turn.response_ids), out.a_out[(g, e)], (turn.mem_start, turn.mem_end),
-                    out.a_mem.get((g, e, t), 0.0), cfg.mem_alpha, cfg.outcome_on_mem,
-                    credits.get((e, t), []) if per_question else None)
+                    out.a_mem.get((g, e, t), 0.0), cfg.mem_alpha, cfg.outcome_on_mem, credits.get((e, t), []))
     n = max(1, len(out.rewards))
     out.metrics = {"reward_mean": sum(out.rewards.values()) / n, "f1_mean": sum(out.f1.values()) / n,
                    "format_ok_share": sum(format_valid(ep) for grp in batch.groups for ep in grp.episodes) / n,

@@ -63,14 +63,14 @@ def section_spans(tt: TokenText, response_ids, mem_start: int, mem_end: int, k: 
     token that straddles a boundary belongs to the section that begins in it."""
     out = np.full((k, 2), -1, np.int32)
     text, ends = tt.decode(response_ids[mem_start:mem_end])
-    for q, a, b in memory_sections(text):
+    found = memory_sections(text)
+    if not found:
+        return out
+    starts = [tt.token_span(text, ends, a, b)[0] for _, a, b in found]  # the token each header begins in
+    stops = starts[1:] + [tt.token_span(text, ends, found[-1][1], found[-1][2])[1]]  # disjoint: up to the next header
+    for (q, _, _), ts, te in zip(found, starts, stops):
         if 0 <= q < k and out[q, 0] < 0:
-            ts, te = tt.token_span(text, ends, a, b)
             out[q] = (mem_start + ts, mem_start + te)
-    for q in range(k):  # disjoint: a section ends where a later-starting one begins
-        later = [int(s) for s in out[:, 0] if s > out[q, 0]]
-        if out[q, 0] >= 0 and later:
-            out[q, 1] = min(out[q, 1], min(later))
     return out
 
 
