@@ -38,15 +38,47 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 TOKEN_ENV = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
+# Ports the services are told to listen on come from below the kernel's ephemeral range: a port taken
+# there by binding to port 0 was free when chosen but could be handed to any process's outgoing
+# connection (or another bind to port 0) before the service bound it (seen: Serve's proxy "Failed to
+# bind" beside a running comparison). Above Ray's default worker ports (10002-19999).
+_PORTS_FROM = 20000
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free on loopback now (all held open together, so none repeats)."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind((LOOPBACK, 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    """``n`` distinct ports free on loopback now (all held open together, so none repeats), chosen at
+    random below the ephemeral range where one exists, so no outgoing connection takes one meanwhile."""
+    import random
+
+    socks: list[socket.socket] = []
+    candidates = list(range(_PORTS_FROM, _ephemeral_start()))
+    random.SystemRandom().shuffle(candidates)
+    try:
+        for port in candidates:
+            if len(socks) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:  # in use
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < n:  # no room below the ephemeral range: the kernel's choice
+            s = socket.socket()
+            s.bind((LOOPBACK, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def local_init_options(num_cpus: int | None, object_store_memory: int | None) -> dict[str, Any]:

@@ -87,3 +87,21 @@ def test_init_keeping_sigterm_puts_the_commands_handler_back(monkeypatch):
         assert signal.getsignal(signal.SIGTERM) is rays_handler
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range(monkeypatch):
+    import socket
+
+    ports = local_ray.free_ports(6)
+    assert len(set(ports)) == 6
+    assert all(local_ray._PORTS_FROM <= p < local_ray._ephemeral_start() for p in ports)
+    for p in ports:  # nothing holds them after the call
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+    # a taken port is skipped
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", ports[0]))
+        held.listen()
+        monkeypatch.setattr(local_ray, "_ephemeral_start", lambda: ports[0] + 1)
+        monkeypatch.setattr(local_ray, "_PORTS_FROM", ports[0])
+        assert local_ray.free_ports(1)[0] != ports[0]  # none left below: the kernel's choice instead
