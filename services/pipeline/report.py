@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from services.pipeline.runlog import read_rows
-from services.pipeline.stats import paired_bootstrap_diff
+from services.pipeline.stats import paired_bootstrap_diff, seed_t_interval
 
 COLUMNS = (("F1", "f1", "{:.3f}"), ("turns", "turns", "{:.2f}"), ("TT", "tt", "{:.0f}"),
            ("PT", "pt", "{:.0f}"), ("R_mem", "r_mem", "{:+.4f}"), ("P_mem", "p_mem", "{:.4f}"),
@@ -92,7 +92,8 @@ def pairs_table(runs: dict, comparisons: list[list[tuple[str, str]]]) -> str:
     """EM(B) - EM(A) for each named pair (A, B) on the same prompts. A comparison of several pairs
     (the same two variants trained with different seeds) also gets their mean: each prompt's
     differences averaged over the pairs, bootstrapped over prompts. That CI is over prompts only; it
-    does not cover how far another seed would move the result."""
+    does not cover how far another seed would move the result: with three or more pairs an
+    ``over seeds`` row gives the same mean with a Student's t CI over the pairs' differences."""
     lines = ["| pair | k | EM(B) - EM(A) | 95% CI | prompts |", "|---|---|---|---|---|"]
     for pairs in comparisons:
         for a, b in pairs:
@@ -100,7 +101,25 @@ def pairs_table(runs: dict, comparisons: list[list[tuple[str, str]]]) -> str:
         if len(pairs) > 1:
             label = " / ".join(f"{b} - {a}" for a, b in pairs)
             lines += _paired_rows(f"mean of {label}", [(runs[a], runs[b]) for a, b in pairs])
+        if len(pairs) >= SEED_UNITS:
+            lines += _seed_rows(f"over seeds: {label}", [(runs[a], runs[b]) for a, b in pairs])
     return "\n".join(lines)
+
+
+SEED_UNITS = 3  # from this many pairs on, a row with each pair's difference as one observation
+
+
+def _seed_rows(label: str, pairs: list) -> list[str]:
+    """Rows of the mean per-pair difference with a Student's t CI over the pairs (each a training seed),
+    per k and pooled: the interval for "another seed", which the prompt bootstrap does not give."""
+    ks = sorted(set.intersection(*(set(b.episodes) & set(a.episodes) for b, a in pairs)))
+    out = []
+    for k in ks + ["all"]:
+        def em(run):
+            return np.concatenate([run.em(j) for j in ks]) if k == "all" else run.em(k)
+        d, lo, hi = seed_t_interval([float(np.mean(em(a) - em(b))) for b, a in pairs])
+        out.append(f"| {label} | {k} | {d:+.3f} | [{lo:+.3f}, {hi:+.3f}] (t over seeds) | {len(pairs)} seeds |")
+    return out
 
 
 RETAINED = {1: "keeps every gold answer shown so far", 0: "lost a gold answer it had been shown",

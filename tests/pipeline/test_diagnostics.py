@@ -141,6 +141,11 @@ def test_pairs_table_differences_named_pairs_and_their_mean_per_prompt():
     assert "| b0 - a0 | 1 | +0.400 |" in text and "| b1 - a1 | all | -0.200 |" in text
     assert "| mean of b0 - a0 / b1 - a1 | all | +0.100 |" in text  # per prompt, averaged over the 2 seeds
     assert "| a1 - a0 | all | +0.200 |" in text and text.count("| mean of") == 2  # k=1 and pooled; none for a lone pair
+    assert "over seeds" not in text  # two seeds: too few for an interval over them
+    runs |= {"a2": run([0.0] * 10), "b2": run([1.0] * 3 + [0.0] * 7)}  # seed 2: B wins 3
+    text = pairs_table(runs, parse_pairs(["a0:b0,a1:b1,a2:b2"], runs))
+    # seeds as the units: differences +0.4, -0.2, +0.3 -> mean 0.1667, sd 0.3215, t(2) 4.303 -> +-0.799
+    assert "| over seeds: b0 - a0 / b1 - a1 / b2 - a2 | all | +0.167 | [-0.632, +0.965] (t over seeds) | 3 seeds |" in text
     for bad in (["a0-b0"], ["a0:zz"], ["a0:a0"], ["a0:b0,"]):
         with pytest.raises(ValueError, match="--pair"):
             parse_pairs(bad, runs)
