@@ -11,6 +11,13 @@ the rollout's own EpisodeBuilder, so SFT and RL train on identically shaped cont
 cross-entropy on the assistant tokens only, on the same FSDP learner group RL uses
 (``learner.world_size`` ranks, lr ``learner.sft_lr``), ``train.sft_epochs`` passes (or ``train.sft_steps``
 steps) in batches of ``train.sft_batch_size`` turns.
+
+An interruption loses at most the steps since the last checkpoint: every ``train.sft_checkpoint_every``
+steps the group's sharded checkpoint, with the data order's position, goes to
+``<run_dir>/sft/checkpoints``; the same command resumes from the latest one when its settings (source
+model, samples, steps, batch, learning rate and schedule, seed, context rule, renaming) are the same,
+and starts afresh, saying so, when they are not. A resumed run ends with the same weights as an uninterrupted one. The checkpoints are removed
+once the policy is exported.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -125,27 +133,75 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
         cfg.learner.num_cpus_per_worker = cpus_per_rank(ray.available_resources().get("CPU", 0.0),
                                                         cfg.learner.world_size, cfg.learner.num_cpus_per_worker)
     group = LearnerGroup(cfg, source)
-    runlog = RunLog(Path(cfg.train.run_dir) / "sft", resume_step=0)
+    home = Path(cfg.train.run_dir) / "sft"  # its metrics.jsonl and checkpoints/
+    settings = {"source": source, "samples": len(samples), "steps": steps, "batch": per_step, "lr": cfg.learner.sft_lr,
+                "schedule": cfg.train.sft_lr_schedule, "seed": cfg.train.seed,
+                "context": cfg.rollout.memory_window, "name_swap": cfg.train.sft_name_swap}
+    rng = random.Random(cfg.train.seed)
+    order: list[int] = []
+    done = _resume(group, home, settings, rng, order, log_fn)
+    every = cfg.train.sft_checkpoint_every or max(1, steps // 20)
+    runlog = RunLog(home, resume_step=done)
     try:
         group.set_lr(cfg.learner.sft_lr)
-        rng = random.Random(cfg.train.seed)
-        order: list[int] = []
         t0 = time.perf_counter()
-        for step in tqdm(range(1, steps + 1), desc="sft", unit="step", dynamic_ncols=True):
+        for step in tqdm(range(done + 1, steps + 1), desc="sft", unit="step", dynamic_ncols=True, initial=done,
+                         total=steps):
             if len(order) < per_step:
                 fresh = list(range(len(samples)))
                 rng.shuffle(fresh)
                 order += fresh
-            chosen, order = order[:per_step], order[per_step:]
+            chosen = order[:per_step]
             if cfg.train.sft_lr_schedule == "cosine":  # 5% warm-up, then cosine down to a tenth
                 group.set_lr(lr_at(step - 1, steps, cfg.learner.sft_lr, max(1, steps // 20)))
             metrics = group.sft_step(sft_batch([samples[i] for i in chosen], step))
+            del order[:per_step]
             runlog.write("sft", step, metrics, console=step % max(1, steps // 10) == 0 or step == steps)
+            if step % every == 0 and step < steps:
+                _checkpoint(group, home, step, settings, rng, order)
         out = sft_dir(cfg)
         out.parent.mkdir(parents=True, exist_ok=True)
         group.export_hf(str(out), source)
+        shutil.rmtree(home / "checkpoints", ignore_errors=True)  # the exported policy is the result
         log_fn(f"SFT done in {time.perf_counter() - t0:.0f}s; policy in {out}")
         return out
     finally:
         runlog.close()
         group.shutdown()
+
+
+def _checkpoint(group, home: Path, step: int, settings: dict, rng: random.Random, order: list[int]) -> None:
+    """The group's state after ``step`` with the data order's position; older SFT checkpoints go."""
+    from services.learner.checkpoint import latest_complete
+
+    before = latest_complete(home)
+    version, state, gauss = rng.getstate()
+    group.save_checkpoint(str(home), step, {"sft": {"step": step, "settings": settings, "order": order,
+                                                    "rng": [version, list(state), gauss]}})
+    if before is not None and before.name != f"step_{step:08d}":
+        shutil.rmtree(before, ignore_errors=True)
+
+
+def _resume(group, home: Path, settings: dict, rng: random.Random, order: list[int], log_fn) -> int:
+    """Load the latest SFT checkpoint of ``home`` made with the same settings; returns its step (0: none).
+    One made with other settings is removed, not resumed."""
+    from services.learner.checkpoint import latest_complete
+
+    path = latest_complete(home)
+    if path is None:
+        return 0
+    saved = json.loads((path / "trainer.json").read_text()).get("extra", {}).get("sft", {})
+    if saved.get("settings") != settings:
+        log_fn(f"SFT: the checkpoint in {path} was made with other settings ({saved.get('settings')}, now "
+               f"{settings}); starting afresh")
+        shutil.rmtree(home / "checkpoints", ignore_errors=True)
+        return 0
+    got = group.resume(str(home))
+    if got is None:  # learner.resume=never
+        return 0
+    version, state, gauss = saved["rng"]
+    rng.setstate((version, tuple(state), gauss))
+    order[:] = saved["order"]
+    log_fn(f"SFT: resuming after step {saved['step']} of {settings['steps']} ({path})")
+    return int(saved["step"])
+
