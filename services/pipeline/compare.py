@@ -174,7 +174,8 @@ def seed_tables(plan: list[Run], runs: dict) -> str:
             pairs_table(runs, against_start)]
     if any(head_to_head):
         text += ["", f"## {names[0]} against each other variant (paired per prompt, same seed; the mean over "
-                     "seeds averages each prompt's differences, its CI is over prompts only)", "",
+                     "seeds averages each prompt's differences, its CI is over prompts only; from three seeds on, the "
+                     "`over seeds` rows give a Student's t CI with each seed as one observation)", "",
                  pairs_table(runs, [p for p in head_to_head if p])]
     return "\n".join(text)
 
