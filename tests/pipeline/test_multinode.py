@@ -262,7 +262,7 @@ def _kill_rollout_node_mid_step(cluster, run_dir: Path, rows_before: int, killed
             if len(_rows(run_dir / "metrics.jsonl")) >= rows_before:
                 break
             before = count  # read while step rows_before + 1 could not have searched yet
-            if host is None and count > first:  # this run's rollout replica is up and serving
+            if (host is None or len(host) != 1) and count > first:  # this run's rollout replica is up and serving
                 host = cluster.nodes_running("ray::ServeReplica:rollout:rollout")
             time.sleep(0.02)
         assert before is not None, "the log had the step before the first look: nothing to count from"
