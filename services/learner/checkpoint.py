@@ -35,6 +35,11 @@ def latest_complete(run_dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
+def saved_extra(path: Path) -> dict:
+    """The driver's ``extra`` of a complete checkpoint, read without loading it (to decide whether to)."""
+    return json.loads((Path(path) / "trainer.json").read_text())["extra"]
+
+
 def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}

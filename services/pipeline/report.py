@@ -60,19 +60,36 @@ def diagnostics_table(results: dict[str, dict[int, dict]], controls: dict[str, d
     return "\n".join(lines)
 
 
+def _per_k(pairs: list):
+    """(k, [(before, after) per-prompt EM vectors of each pair]) for every k the pairs share, then
+    ``"all"`` (every shared k's prompts in one vector)."""
+    ks = sorted(set.intersection(*(set(b.episodes) & set(a.episodes) for b, a in pairs)))
+    for k in ks + ["all"]:
+        def em(run):
+            return np.concatenate([run.em(j) for j in ks]) if k == "all" else run.em(k)
+        yield k, [(em(b), em(a)) for b, a in pairs]
+
+
 def _paired_rows(label: str, pairs: list) -> list[str]:
     """Rows of EM(after) - EM(before) per k and pooled over k, for (before, after) EvalRuns of the same
     prompts; with several pairs, each prompt's differences are averaged over the pairs first (so the
     bootstrap still resamples prompts, and a prompt counts once)."""
-    ks = sorted(set.intersection(*(set(b.episodes) & set(a.episodes) for b, a in pairs)))
     out = []
-    for k in ks + ["all"]:
-        def em(run):
-            return np.concatenate([run.em(j) for j in ks]) if k == "all" else run.em(k)
-        before = np.mean([em(b) for b, _ in pairs], axis=0)
-        after = np.mean([em(a) for _, a in pairs], axis=0)
+    for k, ems in _per_k(pairs):
+        before = np.mean([b for b, _ in ems], axis=0)
+        after = np.mean([a for _, a in ems], axis=0)
         d, lo, hi = paired_bootstrap_diff(before, after)
         out.append(f"| {label} | {k} | {d:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {len(before)} |")
+    return out
+
+
+def _seed_rows(label: str, pairs: list) -> list[str]:
+    """Rows of the mean per-pair difference with a Student's t CI over the pairs (each a training seed),
+    per k and pooled: the interval for "another seed", which the prompt bootstrap does not give."""
+    out = []
+    for k, ems in _per_k(pairs):
+        d, lo, hi = seed_t_interval([float(np.mean(a - b)) for b, a in ems])
+        out.append(f"| {label} | {k} | {d:+.3f} | [{lo:+.3f}, {hi:+.3f}] (t over seeds) | {len(pairs)} seeds |")
     return out
 
 
@@ -88,6 +105,9 @@ def delta_table(runs: dict) -> str:
     return "\n".join(lines)
 
 
+SEED_UNITS = 3  # from this many pairs on, a row with each pair's difference as one observation
+
+
 def pairs_table(runs: dict, comparisons: list[list[tuple[str, str]]]) -> str:
     """EM(B) - EM(A) for each named pair (A, B) on the same prompts. A comparison of several pairs
     (the same two variants trained with different seeds) also gets their mean: each prompt's
@@ -98,28 +118,12 @@ def pairs_table(runs: dict, comparisons: list[list[tuple[str, str]]]) -> str:
     for pairs in comparisons:
         for a, b in pairs:
             lines += _paired_rows(f"{b} - {a}", [(runs[a], runs[b])])
+        label = " / ".join(f"{b} - {a}" for a, b in pairs)
         if len(pairs) > 1:
-            label = " / ".join(f"{b} - {a}" for a, b in pairs)
             lines += _paired_rows(f"mean of {label}", [(runs[a], runs[b]) for a, b in pairs])
         if len(pairs) >= SEED_UNITS:
             lines += _seed_rows(f"over seeds: {label}", [(runs[a], runs[b]) for a, b in pairs])
     return "\n".join(lines)
-
-
-SEED_UNITS = 3  # from this many pairs on, a row with each pair's difference as one observation
-
-
-def _seed_rows(label: str, pairs: list) -> list[str]:
-    """Rows of the mean per-pair difference with a Student's t CI over the pairs (each a training seed),
-    per k and pooled: the interval for "another seed", which the prompt bootstrap does not give."""
-    ks = sorted(set.intersection(*(set(b.episodes) & set(a.episodes) for b, a in pairs)))
-    out = []
-    for k in ks + ["all"]:
-        def em(run):
-            return np.concatenate([run.em(j) for j in ks]) if k == "all" else run.em(k)
-        d, lo, hi = seed_t_interval([float(np.mean(em(a) - em(b))) for b, a in pairs])
-        out.append(f"| {label} | {k} | {d:+.3f} | [{lo:+.3f}, {hi:+.3f}] (t over seeds) | {len(pairs)} seeds |")
-    return out
 
 
 RETAINED = {1: "keeps every gold answer shown so far", 0: "lost a gold answer it had been shown",

@@ -16,8 +16,8 @@ An interruption loses at most the steps since the last checkpoint: every ``train
 steps the group's sharded checkpoint, with the data order's position, goes to
 ``<run_dir>/sft/checkpoints``; the same command resumes from the latest one when its settings (source
 model, samples, steps, batch, learning rate and schedule, seed, context rule, renaming) are the same,
-and starts afresh, saying so, when they are not. A resumed run ends with the same weights as an uninterrupted one. The checkpoints are removed
-once the policy is exported.
+and starts afresh, saying so, when they are not. A resumed run ends with the same weights as an
+uninterrupted one. The checkpoints are removed once the policy is exported.
 """
 
 from __future__ import annotations
@@ -176,21 +176,21 @@ def _checkpoint(group, home: Path, step: int, settings: dict, rng: random.Random
 
     before = latest_complete(home)
     version, state, gauss = rng.getstate()
-    group.save_checkpoint(str(home), step, {"sft": {"step": step, "settings": settings, "order": order,
-                                                    "rng": [version, list(state), gauss]}})
-    if before is not None and before.name != f"step_{step:08d}":
+    path = group.save_checkpoint(str(home), step, {"sft": {"step": step, "settings": settings, "order": order,
+                                                           "rng": [version, list(state), gauss]}})
+    if before is not None and before != Path(path):
         shutil.rmtree(before, ignore_errors=True)
 
 
 def _resume(group, home: Path, settings: dict, rng: random.Random, order: list[int], log_fn) -> int:
     """Load the latest SFT checkpoint of ``home`` made with the same settings; returns its step (0: none).
     One made with other settings is removed, not resumed."""
-    from services.learner.checkpoint import latest_complete
+    from services.learner.checkpoint import latest_complete, saved_extra
 
     path = latest_complete(home)
     if path is None:
         return 0
-    saved = json.loads((path / "trainer.json").read_text()).get("extra", {}).get("sft", {})
+    saved = saved_extra(path).get("sft", {})
     if saved.get("settings") != settings:
         log_fn(f"SFT: the checkpoint in {path} was made with other settings ({saved.get('settings')}, now "
                f"{settings}); starting afresh")
@@ -204,4 +204,3 @@ def _resume(group, home: Path, settings: dict, rng: random.Random, order: list[i
     order[:] = saved["order"]
     log_fn(f"SFT: resuming after step {saved['step']} of {settings['steps']} ({path})")
     return int(saved["step"])
-

@@ -228,8 +228,8 @@ def ours(text: str) -> str:
 def _search_calls(cluster) -> int:
     """Search calls answered so far, counted in the search replicas' Serve logs (one ``CALL search`` line
     per call, written as it returns), all replicas of every run in this cluster's session. A file read:
-    milliseconds even on a loaded machine, where an HTTP round trip through Serve's proxy took long
-    enough for a step's whole rollout to finish first (CI, 2 cores)."""
+    milliseconds even on a loaded machine (an HTTP poll through Serve's proxy was the trigger when CI's
+    kill landed after its step's rollout had finished)."""
     logs = Path(cluster.temp_dir) / "r" / "session_latest" / "logs" / "serve"
     n = 0
     for f in logs.glob("replica_search_*.log"):
@@ -312,7 +312,7 @@ def test_plan_checks_the_live_cluster(cluster, overrides):
 
 
 def test_a_worker_node_lost_mid_step_the_step_completes_on_a_survivor(cluster, overrides):
-    run_dir, args, port = overrides
+    run_dir, args, _ = overrides
     cluster.add("worker-3", 1, {"rollout_node": 1})  # spare capacity for the rollout
     killed = {}
     during = _kill_rollout_node_mid_step(cluster, run_dir, 3, killed)

@@ -27,10 +27,9 @@ def test_an_interrupted_sft_resumes_and_ends_where_an_uninterrupted_one_does(ray
     run_sft(_cfg(whole))
     assert not (whole / "sft" / "checkpoints").exists()  # removed once the policy is exported
 
-    real, calls = LearnerGroup.sft_step, []
+    real = LearnerGroup.sft_step
 
     def dies_at_step_4(self, batch):
-        calls.append(batch.step)
         if batch.step == 4:
             raise RuntimeError("the node went away")
         return real(self, batch)
@@ -47,7 +46,6 @@ def test_an_interrupted_sft_resumes_and_ends_where_an_uninterrupted_one_does(ray
     assert [r["step"] for r in read_rows(cut / "sft" / "metrics.jsonl", "sft")] == [1, 2, 3, 4, 5]  # step 3 again, once
     a, b = _weights(whole), _weights(cut)
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)  # data order, optimizer and RNG restored
-
 
 
 def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path):
