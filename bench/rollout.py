@@ -10,7 +10,8 @@ Between the two, three measurements split the gap into its causes (each ratio pr
 ``matched`` (one request per episode of that episode's own length: the skew of episode lengths),
 ``chained`` (each episode's turns replayed in order with their exact contexts, no searches: turn
 boundaries and memory-context prefills) and the agent loop itself (searches, parsing, its Python).
-``replay`` (every turn at once) and ``two calls`` (two agent-loop calls in flight sharing the
+``chained/raw`` is thus the most agent/raw could reach with a loop that cost nothing (no searches,
+no parsing, no Python between turns) on the turns the episodes generate. ``replay`` (every turn at once) and ``two calls`` (two agent-loop calls in flight sharing the
 episode slots) are printed beside them. Every measurement starts from an empty prefix cache, so no
 replay reads the KV blocks the agent loop left; each runs ``--rounds`` times and medians are printed,
 with the CPU seconds of the engine core, this process (loop + vLLM front end) and the search replica.
@@ -169,6 +170,7 @@ RATIOS = {
     "agent/chained": ("agent", "chained", "searches, parsing and the loop's own work"),
     "chained/matched": ("chained", "matched", "turn boundaries and memory-context prefills"),
     "matched/raw": ("matched", "raw", "the skew of episode lengths (stragglers)"),
+    "chained/raw": ("chained", "raw", "the ceiling of agent/raw for any loop: these turns' engine work alone"),
     "agent/replay": ("agent", "replay", "everything the loop adds to its turns' engine work"),
     "two calls/raw, 2x": ("two calls", "raw, 2x", "the straggler tail filled by a second call"),
 }
