@@ -11,8 +11,9 @@ Between the two, three measurements split the gap into its causes (each ratio pr
 ``chained`` (each episode's turns replayed in order with their exact contexts, no searches: turn
 boundaries and memory-context prefills) and the agent loop itself (searches, parsing, its Python).
 ``chained/raw`` is thus the most agent/raw could reach with a loop that cost nothing (no searches,
-no parsing, no Python between turns) on the turns the episodes generate. ``replay`` (every turn at once) and ``two calls`` (two agent-loop calls in flight sharing the
-episode slots) are printed beside them. Every measurement starts from an empty prefix cache, so no
+no parsing, no Python between turns) on the turns the episodes generate. ``replay`` (every turn at
+once) and ``two calls`` (two agent-loop calls in flight sharing the episode slots) are printed beside
+them. Every measurement starts from an empty prefix cache, so no
 replay reads the KV blocks the agent loop left; each runs ``--rounds`` times and medians are printed,
 with the CPU seconds of the engine core, this process (loop + vLLM front end) and the search replica.
 
