@@ -93,7 +93,9 @@ def _custom_resources(value: dict) -> dict:
 CustomResources = Annotated[dict[str, Annotated[float, Field(ge=0)]], AfterValidator(_custom_resources)]
 
 
-DEFAULT_OBSERVATION_TEMPLATE = "<|im_end|>\n<|im_start|>user\n{observation}<|im_end|>\n<|im_start|>assistant\n"
+# "auto": derived from the model's chat template (services/common/chat_turns.py); for ChatML models
+# (Qwen2.5, the embedded world) that is "<|im_end|>\n<|im_start|>user\n{observation}<|im_end|>\n<|im_start|>assistant\n".
+DEFAULT_OBSERVATION_TEMPLATE = "auto"
 
 
 class ConfigError(ValueError):
@@ -197,7 +199,7 @@ class RolloutConfig(_Section):
     stop: list[str] = Field(["</search>", "</answer>"], description="Stop strings: nothing is generated after an action.")
     invalid_action: Literal["observe", "stop"] = Field("observe", description="A turn with no valid action: 'observe' returns an error observation and continues, 'stop' ends the episode.")
     system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System message of every prompt.")
-    observation_template: str = Field(DEFAULT_OBSERVATION_TEMPLATE, description="Tokens appended after a search turn: closes the assistant message, adds the observation as a user message, opens the next assistant message. {observation} = the <information> block.")
+    observation_template: str = Field(DEFAULT_OBSERVATION_TEMPLATE, description="Tokens appended after a search turn: closes the assistant message, adds the observation as a user message, opens the next assistant message. {observation} = the <information> block. 'auto' (default) = derived from the model's chat template (services/common/chat_turns.py); ChatML for Qwen2.5 and the embedded world.")
     invalid_action_message: str = Field("Invalid action: end the turn with <search> query </search> or <answer> answer </answer>.", description="Observation after a turn with no valid action (invalid_action=observe).")
     replicas: int = Field(1, ge=1, description="Rollout deployment replicas (one vLLM engine each).")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per rollout replica (Ray resource).")

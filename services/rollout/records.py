@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from services.common.chat_turns import after_eos, resolve_observation_template
 from services.common.config import MempoConfig
 from services.common.messages import Episode, Prompt, TurnRecord
 from services.common.model_io import chat_ids
@@ -24,6 +25,7 @@ class EpisodeBuilder:
         self.tt = TokenText(tokenizer)
         self.eos_id = tokenizer.eos_token_id
         self.eos_text = tokenizer.eos_token or ""
+        self.observation_template = resolve_observation_template(tokenizer, self.rc.observation_template)
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         return chat_ids(self.tokenizer, [{"role": m.role, "content": m.content} for m in prompt.messages])
@@ -34,9 +36,9 @@ class EpisodeBuilder:
         return prompt_ids + [t for piece in window for t in piece]
 
     def observation_ids(self, observation: str, response_ids: list[int]) -> list[int]:
-        text = self.rc.observation_template.format(observation=observation)
-        if response_ids and response_ids[-1] == self.eos_id and self.eos_text and text.startswith(self.eos_text):
-            text = text[len(self.eos_text):]  # the model already closed its message
+        text = self.observation_template.format(observation=observation)
+        if response_ids and response_ids[-1] == self.eos_id:
+            text = after_eos(text, self.eos_text)  # the model already closed its message
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def record(self, turn: int, context: list[int], response_ids: list[int], logprobs: list[float],

@@ -14,6 +14,11 @@ text, only the configured template may contribute control tokens. It is NFC-norm
 the tokenizers normalise to NFC, so a decomposed gold ("Cafe\u0301") would not decode back to the
 text it was built from and its answer span could not be located.
 
+A continuation follows the context's last token, so its ids are those of text that continues
+earlier text: a SentencePiece tokenizer (Llama, Mistral) puts a dummy-prefix "▁" before the start
+of what it encodes, a space the continuation does not have (token_text.py's leading-space rule);
+the text is then encoded after a one-token anchor whose ids are dropped (``continuation_ids``).
+
     cont = build_continuation(tokenizer, cfg.scorer.answer_template, "Reed College")
     cont.ids[cont.answer_start:cont.answer_end]   # the tokens of "Reed College"
 """
@@ -57,6 +62,25 @@ def gold_text(golds: list[list[str]], joiner: str = "; ") -> str:
     return joiner.join(gold_answers(golds))
 
 
+_ANCHORS = ("\n", ".", "a")
+
+
+def continuation_ids(tokenizer, parts: list[tuple[str, bool]], tt: TokenText) -> list[int]:
+    """``mixed_ids`` of ``parts`` as a continuation of earlier tokens: when the tokenizer adds a
+    dummy-prefix space, the ids of the parts behind an anchor whose ids are a prefix of them, that
+    prefix dropped; the ids are kept only when they decode (``TokenText``) to exactly the text."""
+    text = "".join(t for t, _ in parts)
+    ids = mixed_ids(tokenizer, parts)
+    if tt.decode(ids)[0] == text:
+        return ids
+    for anchor in _ANCHORS:
+        head = mixed_ids(tokenizer, [(anchor, False)])
+        full = mixed_ids(tokenizer, [(anchor, False)] + list(parts))
+        if full[:len(head)] == head and tt.decode(full[len(head):])[0] == text:
+            return full[len(head):]
+    return ids
+
+
 def build_continuation(tokenizer, template: str, gold: str | list[str], token_text: TokenText | None = None,
                        joiner: str = "; ") -> Continuation:
     """``template`` with ``{gold}`` replaced by the gold answer; a list of answers (one per question) is
@@ -69,8 +93,8 @@ def build_continuation(tokenizer, template: str, gold: str | list[str], token_te
     gold = joiner.join(parts)
     before, after = template.split("{gold}")
     text, start = before + gold + after, len(before)
-    ids = mixed_ids(tokenizer, [(before, True), (gold, False), (after, True)])
     tt = token_text or TokenText(tokenizer)
+    ids = continuation_ids(tokenizer, [(before, True), (gold, False), (after, True)], tt)
     decoded, ends = tt.decode(ids)
     if decoded != text:
         raise ValueError("the tokenizer does not round-trip the continuation text; cannot locate the answer")

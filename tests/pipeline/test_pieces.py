@@ -103,6 +103,33 @@ def test_sft_samples_train_only_on_assistant_tokens_in_memory_contexts(tiny_cfg,
     assert not batch.advantages.any()
 
 
+
+def test_sft_samples_with_a_sentencepiece_tokenizer(tiny_cfg, tmp_path):
+    """A Llama-2-format tokenizer: each assistant turn is a sample under its memory-mode context,
+    observations in the model's own [INST] turns."""
+    pytest.importorskip("sentencepiece")
+    from tests.sp_tokenizer import sentencepiece_tokenizer
+
+    tok = sentencepiece_tokenizer(tmp_path)
+    turns = ["<think>\nFind the town.\n</think>\n<search> Kalton country </search>",
+             "<mem>\nAda Brenn was born in Kalton.\n</mem>\n<think>\nNow the country.\n</think>\n<search> Kalton </search>",
+             "<mem>\nKalton is in Vestria.\n</mem>\n<think>\nDone.\n</think>\n<answer> Vestria </answer>"]
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Where was Ada born?"}]
+    for i, t in enumerate(turns):
+        msgs.append({"role": "assistant", "content": t})
+        if i < 2:
+            msgs.append({"role": "user", "content": f"<information>\nDoc {i}\n</information>"})
+    samples = turn_samples(tiny_cfg, tok, [msgs])
+    assert len(samples) == 3
+    for (ids, ctx), text in zip(samples, turns):
+        assert tok.decode(ids[ctx:]) == text  # the response is the assistant turn (its dummy-prefix space stripped)
+    ids, ctx = samples[2]
+    context = tok.decode(ids[:ctx])
+    assert "[INST]" in context and "<information>\nDoc 1\n</information> [/INST]" in context
+    assert turns[1] in context and turns[0] not in context and "<|im_start|>" not in context
+    batch = sft_batch(samples, step=1)
+    assert batch.loss_mask.sum() == sum(len(ids) - ctx for ids, ctx in samples)
+
 def test_app_prefix_rewires_names_and_routes():
     cfg = load_config(TINY, ["ray.app_prefix=t1-"])
     w = wired(cfg)

@@ -102,3 +102,38 @@ def test_the_default_continuation_is_the_policys_answering_turn():
     # the oracle writes its answering turn as <mem>...</mem> + this, so the SFT policy learnt these words
     turn = render_turn(FINAL_THINK, mem="- Answer: 1961", answer="1961")
     assert turn == "<mem>\n- Answer: 1961\n</mem>" + DEFAULT_ANSWER_TEMPLATE.replace("{gold}", "1961")
+
+
+@pytest.fixture(scope="module")
+def sp_tok(tmp_path_factory):
+    pytest.importorskip("sentencepiece")
+    from tests.sp_tokenizer import sentencepiece_tokenizer
+
+    return sentencepiece_tokenizer(tmp_path_factory.mktemp("sp"))
+
+
+@pytest.mark.parametrize("template,gold", [
+    (DEFAULT_ANSWER_TEMPLATE, "Reed College"),
+    (DEFAULT_ANSWER_TEMPLATE, "里德学院"),  # byte-fallback pieces
+    (DEFAULT_ANSWER_TEMPLATE, " leading space and trailing.  "),
+    ("<answer>{gold}</answer>", ".NET 5"),
+    ("<answer>\n{gold}</answer>", "\n\nnew lines"),
+    ("{gold}", "Reed College"),  # starts with the answer: no dummy-prefix "▁" before it
+])
+def test_sentencepiece_continuation_and_its_answer_span(sp_tok, template, gold):
+    from services.rollout.token_text import TokenText
+
+    tt = TokenText(sp_tok)
+    c = build_continuation(sp_tok, template, gold)
+    assert tt.decode(c.ids)[0] == c.text  # exactly the text: the encoder's dummy prefix is not in the ids
+    piece = lambda a, b: tt.decode(c.ids[a:b])[0]  # noqa: E731
+    assert gold in piece(c.answer_start, c.answer_end)
+    assert gold not in piece(c.answer_start + 1, c.answer_end) and gold not in piece(c.answer_start, c.answer_end - 1)
+    assert "▁" not in c.text
+
+
+def test_sentencepiece_each_question_keeps_its_own_answer_span(sp_tok):
+    golds = ["Kathryn Bigelow", "1961", "Reed College"]
+    c = build_continuation(sp_tok, DEFAULT_ANSWER_TEMPLATE, golds, joiner="; ")
+    for (a, b), gold in zip(c.question_spans(), golds):
+        assert sp_tok.decode(c.answer_ids[a:b]).strip(" ;") == gold
