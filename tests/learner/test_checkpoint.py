@@ -62,3 +62,39 @@ def test_kill_and_resume_equals_uninterrupted(ray_cluster, setup, world, tmp_pat
     exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     for k, v in exported.state_dict().items():
         torch.testing.assert_close(v, got[0][k])
+
+
+@pytest.mark.parametrize("before,after", [(1, 2), (2, 1)])
+def test_resume_at_another_world_size(ray_cluster, setup, world, tmp_path, before, after):
+    """A checkpoint written by W ranks resumes on W' ranks (state resharded, RNG mapped r -> r % W) and
+    the next step is the uninterrupted run's: the ranks' gradients sum to the full-batch gradient at
+    any W, so the loss and the weights agree up to the float order of that sum."""
+    cfg, tb = setup
+    model = str(world / "model")
+    ref = LearnerGroup(cfg, model, world_size=before)
+    try:
+        _train(ref, tb, 2)
+        expected_loss = ref.train_step(tb)["pg_loss"]
+        expected = ref.full_state_dict()
+    finally:
+        ref.shutdown()
+
+    run = str(tmp_path / "run")
+    first = LearnerGroup(cfg, model, world_size=before)
+    try:
+        _train(first, tb, 2)
+        first.save_checkpoint(run, 2, {"data_position": 16})
+    finally:
+        first.shutdown()
+    assert sorted(p.name for p in step_dir(run, 2).glob("rng_rank*.pt")) == [f"rng_rank{r}.pt" for r in range(before)]
+
+    second = LearnerGroup(cfg, model, world_size=after)
+    try:
+        assert second.resume(run) == {"step": 2, "extra": {"data_position": 16}}
+        got_loss = second.train_step(tb)["pg_loss"]
+        got = second.full_state_dict()
+    finally:
+        second.shutdown()
+    assert got_loss == pytest.approx(expected_loss, rel=1e-4, abs=1e-6)
+    for k in expected:
+        torch.testing.assert_close(got[k], expected[k], rtol=1e-4, atol=1e-5)

@@ -50,6 +50,7 @@ def test_mempo_serve_listens_on_loopback_only(world, tmp_path):
     with open(log, "w") as out:
         proc = subprocess.Popen([str(BIN / "mempo"), "serve", "deploy/configs/tiny.yaml", f"ray.http_port={port}",
                                  "learner.world_size=2", "learner.num_cpus_per_worker=0.1", "learner.kl_coef=0",
+                                 f"train.run_dir={tmp_path / 'run'}",
                                  "--apps", "search,learner"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     pids: set[int] = set()
     try:
