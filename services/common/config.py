@@ -289,6 +289,10 @@ class LearnerConfig(_Section):
     kl_type: Literal["low_var_kl", "k1", "k2"] = Field("low_var_kl", description="KL estimator.")
     loss_agg: Literal["seq-mean-token-mean", "token-mean"] = Field("seq-mean-token-mean", description="Loss aggregation (paper: seq-mean-token-mean).")
     micro_token_budget: int = Field(8192, ge=64, description="Tokens per micro-batch (gradient accumulation over micro-batches).")
+    logit_chunk_tokens: int = Field(1024, ge=1, description="Positions whose vocabulary logits are held at once "
+                                    "(log-probs computed chunk by chunk, each recomputed in the backward).")
+    activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in the "
+                                           "backward, keeping only its input: less memory a token, a slower step.")
     world_size: int = Field(1, ge=1, description="FSDP workers (one per GPU or CPU slot).")
     num_cpus_per_worker: float = Field(1.0, ge=0, description="CPUs reserved per FSDP worker actor.")
     resources: CustomResources = Field({}, description="Custom Ray resources per FSDP worker actor, the learner's Serve replica asks 0.001 of each, to run beside them (so give the node the workers' total plus a little, e.g. {learner_node: 1} with the node started with learner_node=100): only nodes started with them (ray start --resources) host the learner; `mempo plan` shows what a config needs.")

@@ -6,6 +6,7 @@
     mixed_ids(tokenizer, [(template_part, True), (user_text, False), ...])
     tensors = validate_weights(tensors, checkpoint_shapes(model_dir))   # before loading an update
     lp = target_logprobs(logits, targets)   # log p(target) at each position: learner, scorer, benches
+    lp = forward_logprobs(model, targets, keep, input_ids=ids)   # the same from a forward, logits in chunks
 
 User text is text: a special-token string such as ``<|im_end|>`` inside a message's content, a
 memory or a gold answer is encoded as the ordinary tokens of its characters, never as the control
@@ -31,6 +32,32 @@ def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     (moved to the logits' device). The one place the learner, the scorer and the benches turn a
     forward's logits into the log-probs of given tokens."""
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.to(logits.device)[..., None])[..., 0]
+
+
+HEAD_CHUNK = 1024  # positions whose vocabulary logits ``forward_logprobs`` holds at once
+
+
+@torch.no_grad()
+def forward_logprobs(model, targets: torch.Tensor, keep: torch.Tensor | None = None, chunk_tokens: int = HEAD_CHUNK,
+                     **inputs) -> torch.Tensor:
+    """fp32 [K] log p(targets[j]) under the distribution predicted at position ``keep[j]`` of a batch-1
+    forward of ``inputs`` (every position when ``keep`` is None), no gradient. The decoder body runs
+    once; the output head runs over the kept positions ``chunk_tokens`` at a time, so the [K, V]
+    logits (and their fp32 log-softmax) are never held whole: 1.6 GB a copy at 8,192 positions of
+    a 49,152-token vocabulary. ``inputs`` are the decoder's (input_ids, position_ids, attention_mask,
+    past_key_values, use_cache, ...); a model without ``get_decoder``/``get_output_embeddings`` runs
+    its plain forward."""
+    targets = torch.as_tensor(targets, dtype=torch.long).reshape(-1)
+    decoder = getattr(model, "get_decoder", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    if decoder is None or head is None or softcap:
+        logits = model(**inputs).logits[0]
+        return target_logprobs(logits if keep is None else logits[keep], targets)
+    hidden = decoder()(**inputs).last_hidden_state[0]
+    hidden = hidden if keep is None else hidden[keep]
+    return torch.cat([target_logprobs(head(hidden[s:s + chunk_tokens]), targets[s:s + chunk_tokens])
+                      for s in range(0, hidden.shape[0], chunk_tokens)] or [hidden.new_zeros(0, dtype=torch.float32)])
 
 
 def model_dtype(name: str) -> torch.dtype:

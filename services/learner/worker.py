@@ -11,6 +11,7 @@ Driven by ``services/learner/group.py``; not meant to be called by hand.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -22,29 +23,15 @@ import torch.distributed as dist
 from services.common.codec import decode
 from services.common.config import MempoConfig
 from services.common.messages import TrainingBatch
-from services.common.model_io import model_dtype, target_logprobs
+from services.common.model_io import model_dtype
 from services.learner.rendezvous import LOOPBACK, group_store, listen
-from services.learner.loss import aggregate, behaviour_weights, entropy_from_logits, kl_penalty, policy_loss
+from services.learner.logprobs import token_logprobs
+from services.learner.memory import available_bytes, budget_advice, estimate_peak
+from services.learner.loss import aggregate, behaviour_weights, kl_penalty, policy_loss
 from services.learner.samples import MicroBatch, global_counts, micro_batches
+from services.learner.shard import load_model
 
-
-def token_logprobs(model, mb: MicroBatch, with_entropy: bool = False):
-    """[B, T] log p(input_ids[:, t] | input_ids[:, :t]); column 0 is 0 (nothing predicts it). With
-    ``with_entropy`` also [B, T] entropies of the distribution predicting token t, at loss tokens (0 elsewhere)."""
-    device = next(model.parameters()).device
-    out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device), use_cache=False)
-    logits = out.logits[:, :-1].float()
-    lp = target_logprobs(logits, mb.input_ids[:, 1:])
-    lp = torch.nn.functional.pad(lp, (1, 0))
-    if not with_entropy:
-        return lp, None
-    # The entropy is a metric over loss tokens only: computed on those rows of the logits (about a fifth
-    # of a turn sample's positions), not a second full-vocabulary softmax over every position.
-    with torch.no_grad():
-        rows = mb.loss_mask[:, 1:].to(logits.device) > 0
-        ent = torch.zeros_like(lp)
-        ent[:, 1:][rows] = entropy_from_logits(logits.detach()[rows])
-    return lp, ent
+log = logging.getLogger("mempo.learner")
 
 
 class LearnerWorker:
@@ -69,8 +56,6 @@ class LearnerWorker:
     def join(self, host: str, port: int) -> int:
         """Join the group at rank 0's (host, port), shard the policy (and the reference); returns the pid."""
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        from transformers import AutoModelForCausalLM
 
         rank, world, model_dir = self.rank, self.world, self.model_dir
         lc = self.cfg.learner
@@ -86,23 +71,33 @@ class LearnerWorker:
         if not cuda:  # Ray pins OMP threads to the actor's CPUs (1 when it asks for less than one)
             torch.set_num_threads(lc.threads or max(1, int(lc.num_cpus_per_worker)))
 
-        def load(frozen: bool):
-            m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to("cuda" if cuda else "cpu")
-            for layer in m.model.layers:
-                fully_shard(layer, mesh=self.mesh)
-            fully_shard(m, mesh=self.mesh)
-            if frozen:
-                m.requires_grad_(False).eval()
-            return m
-
-        self.model = load(False)
-        self.ref = load(True) if lc.kl_coef > 0 else None
+        device = "cuda" if cuda else "cpu"
+        self._check_memory(dtype, device)
+        self.model = load_model(model_dir, dtype, self.mesh, device, False, lc.activation_checkpointing)
+        self.ref = load_model(model_dir, dtype, self.mesh, device, True) if lc.kl_coef > 0 else None
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
         warm = max(1, lc.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lambda s: min(1.0, (s + 1) / warm))
         self.step = 0
         self.skipped_steps = 0  # updates not applied because the loss or the gradient norm was not finite
         return os.getpid()
+
+    def _check_memory(self, dtype: torch.dtype, device: str) -> None:
+        """Log the estimated peak of this rank; warn, naming settings that fit, when it exceeds the memory
+        available (on CPU without a Ray address every rank shares this machine's)."""
+        from transformers import AutoConfig
+
+        lc = self.cfg.learner
+        hf = AutoConfig.from_pretrained(self.model_dir)
+        with_ref = lc.kl_coef > 0
+        est = estimate_peak(hf, lc, self.world, dtype, with_ref)["total"]
+        avail = available_bytes(device) / (self.world if device == "cpu" and not self.cfg.ray.address else 1)
+        if self.rank == 0:
+            log.info("learner rank 0: estimated peak %.1f GiB at learner.micro_token_budget=%d "
+                     "(services/learner/memory.py)", est / 2**30, lc.micro_token_budget)
+        advice = budget_advice(hf, lc, self.world, dtype, with_ref, avail)
+        if advice:
+            log.warning("learner rank %d: %s", self.rank, advice)
 
     def ready(self) -> int:
         """This rank's process id, once the model is sharded."""
@@ -137,13 +132,15 @@ class LearnerWorker:
         batch = decode(payload, TrainingBatch)
         tokens, rows = global_counts(batch)
         micro = self._micro(batch)
+        chunk = lc.logit_chunk_tokens
         with torch.no_grad():  # reference log-probs for the KL term
-            ref = [token_logprobs(self.ref, mb)[0].cpu() for mb in micro] if self.ref is not None else None
+            ref = None if self.ref is None else [token_logprobs(self.ref, mb, chunk_tokens=chunk)[0].cpu()
+                                                 for mb in micro]
         sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "abs_diff": 0.0, "max_abs_diff": 0.0, "tokens": 0.0,
                 "clip": 0.0, "dual_clip": 0.0, "lag": 0.0, "lag_max": 0.0, "is_tokens": 0.0, "is_weight": 0.0,
                 "is_weight_max": 0.0, "is_truncated": 0.0}
         for i, mb in enumerate(micro):
-            lp, ent = token_logprobs(self.model, mb, with_entropy=True)
+            lp, ent = token_logprobs(self.model, mb, with_entropy=True, chunk_tokens=chunk)
             lp = lp.cpu() if lp.device.type != "cpu" else lp
             # One optimizer step per batch: the pre-update policy is the current one, so its log-probs
             # are this forward's, detached (the same numbers a separate no-grad pass would give).
@@ -186,7 +183,7 @@ class LearnerWorker:
         tokens, rows = global_counts(batch)
         loss_sum, n = 0.0, 0.0
         for mb in self._micro(batch):
-            lp, _ = token_logprobs(self.model, mb)
+            lp, _ = token_logprobs(self.model, mb, chunk_tokens=self.cfg.learner.logit_chunk_tokens)
             loss = aggregate(-lp.cpu() if lp.device.type != "cpu" else -lp, mb.loss_mask, self.cfg.learner.loss_agg,
                              tokens, rows)
             (loss * self.world).backward()
@@ -204,11 +201,15 @@ class LearnerWorker:
     # -- weights --------------------------------------------------------------------------------
 
     def full_state_dict(self) -> dict | None:
-        """Collective: every rank must call it; rank 0 gets the full CPU state dict, others None."""
+        """Collective: every rank must call it; rank 0 gets the full CPU state dict in ``model.dtype``
+        (what vLLM, the scorer and exports load; the fp32 masters stay here), others None."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return sd if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        dtype = model_dtype(self.cfg.model.dtype)
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
 
     def param_digest(self) -> float:
         """A cheap fingerprint of the parameters (sum of |p| over the full model), for tests."""

@@ -8,9 +8,10 @@ As soon as the cache holds a branch's prefix, the branch is scored from the cach
 up to the budget per forward with explicit position ids (a branch continues at ``attach_b``) and a 4D
 additive mask (branch tokens see ``cache[:attach_b]`` and their own earlier tokens), and the cache is
 cut back to the trunk afterwards. The first token of branch b is predicted by trunk token
-``attach_b - 1``: the trunk chunk keeps logits at just those positions (``logits_to_keep``). So every
-trunk token and every branch token (but its last, which predicts nothing) goes through the model
-once, whatever the budget; memory is the trunk's cache plus one forward of at most the budget.
+``attach_b - 1``: the output head runs at just those positions of a trunk chunk, and over a forward's
+kept positions 1,024 at a time (``model_io.forward_logprobs``: never a [budget, vocab] logits tensor).
+So every trunk token and every branch token (but its last, which predicts nothing) goes through the
+model once, whatever the budget; memory is the trunk's cache plus one forward of at most the budget.
 
     lps = tree_logprobs(model, trunk_ids, [Branch(attach=120, ids=cont_ids), ...], token_budget=8192)
     lps[b][j] = log p(branch_b[j] | trunk[:attach_b] + branch_b[:j])
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from services.common.model_io import target_logprobs
+from services.common.model_io import forward_logprobs
 
 
 BRANCH_FACTOR = 1.5
@@ -123,18 +124,21 @@ def _forward(model, cache, done: int, chunk: list[int], branches: list[Branch], 
             pos += range(b.attach, b.attach + n)
             off += n
     keep = [branches[i].attach - 1 - done for i in first] + list(range(c, q))
-    out = model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
-                attention_mask=None if mask is None else mask[None, None].to(device), past_key_values=cache, use_cache=True,
-                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device) if keep else 1)
+    targets = [branches[i].ids[0] for i in first] + [x for i in group for x in branches[i].ids[1:]]
+    # the output head runs over the kept positions only, a chunk at a time (services/common/model_io.py);
+    # a trunk chunk that predicts no branch token only fills the cache
+    lp = forward_logprobs(model, torch.tensor(targets, dtype=torch.long, device=device),
+                          torch.tensor(keep, dtype=torch.long, device=device),
+                          input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
+                          attention_mask=None if mask is None else mask[None, None].to(device), past_key_values=cache,
+                          use_cache=True).cpu().numpy()
     if q > c:
         cache.crop(-(q - c))  # the branches leave the cache; the trunk stays
     if stats is not None:
         stats["forwards"] = stats.get("forwards", 0) + 1
         stats["tokens"] = stats.get("tokens", 0) + q
-    if not keep:  # a trunk chunk that predicts no branch token: it only fills the cache
+    if not keep:
         return
-    targets = [branches[i].ids[0] for i in first] + [x for i in group for x in branches[i].ids[1:]]
-    lp = target_logprobs(out.logits[0], torch.tensor(targets, dtype=torch.long)).cpu().numpy()
     for k, i in enumerate(first):
         result[i][0] = lp[k]
     off = len(first)
@@ -148,8 +152,9 @@ def naive_logprobs(model, context: list[int], continuation: list[int], stats: di
     """log p(continuation[j] | context + continuation[:j]) with one plain forward of the sequence."""
     device = next(model.parameters()).device
     ids = torch.tensor([context + continuation], device=device)
-    logits = model(input_ids=ids, use_cache=False).logits[0, len(context) - 1:-1].float()
+    keep = torch.arange(len(context) - 1, ids.shape[1] - 1, device=device)
+    lp = forward_logprobs(model, torch.tensor(continuation, device=device), keep, input_ids=ids, use_cache=False)
     if stats is not None:
         stats["forwards"] = stats.get("forwards", 0) + 1
         stats["tokens"] = stats.get("tokens", 0) + ids.shape[1]
-    return target_logprobs(logits, torch.tensor(continuation)).cpu().numpy()
+    return lp.cpu().numpy()
