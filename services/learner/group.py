@@ -105,8 +105,9 @@ class LearnerGroup:
         vLLM and users. ``source_dir`` gives the config and tokenizer. Written beside and renamed."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-        state = self.full_state_dict()
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source_dir))
+        state = self.full_state_dict()  # in model.dtype: the export's dtype, whatever the source folder's
+        dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source_dir), dtype=dtype)
         model.load_state_dict(state)
         out, tmp = Path(out_dir), Path(out_dir).with_name(Path(out_dir).name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
