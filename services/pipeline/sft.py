@@ -75,13 +75,20 @@ def turn_samples(cfg: MempoConfig, tokenizer, transcripts: list[list[dict]]) -> 
     from services.rollout.records import EpisodeBuilder, episode_from_transcript
 
     builder = EpisodeBuilder(cfg, tokenizer)
-    out = []
+    out, dropped, longest = [], 0, 0
     for i, msgs in enumerate(transcripts):
         prompt = Prompt(uid=f"sft-{i}", messages=[ChatMessage(m["role"], m["content"]) for m in msgs[:2]], golds=[[""]])
         ep = episode_from_transcript(builder, prompt, msgs)
         for t in ep.turns:
-            if len(t.context_ids) + len(t.response_ids) <= cfg.engine.max_model_len:
+            n = len(t.context_ids) + len(t.response_ids)
+            if n <= cfg.engine.max_model_len:
                 out.append((np.concatenate([t.context_ids, t.response_ids]).astype(np.int32), len(t.context_ids)))
+            else:
+                dropped, longest = dropped + 1, max(longest, n)
+    if dropped:  # never a silent drop: a model whose tokenizer cuts text finer makes longer turns
+        log.warning("SFT data: %d of %d turns are longer than engine.max_model_len=%d tokens and are left out "
+                    "(the longest has %d; engine.max_model_len=%d keeps them all)", dropped, len(out) + dropped,
+                    cfg.engine.max_model_len, longest, longest)
     return out
 
 

@@ -104,6 +104,24 @@ def test_sft_samples_train_only_on_assistant_tokens_in_memory_contexts(tiny_cfg,
 
 
 
+def test_sft_turns_over_the_length_cap_are_counted_and_named(tiny_cfg, world, caplog):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(world / "model"))
+    transcripts = load_transcripts(world / "oracle.jsonl", min_em=1.0)[:3]
+    every = turn_samples(tiny_cfg, tok, transcripts)
+    lengths = sorted(len(ids) for ids, _ in every)
+    cap = lengths[len(lengths) // 2]  # about half the turns are longer
+    short = tiny_cfg.model_copy(deep=True)
+    short.engine.max_model_len = cap
+    with caplog.at_level("WARNING", logger="mempo.sft"):
+        kept = turn_samples(short, tok, transcripts)
+    dropped = sum(n > cap for n in lengths)
+    assert len(kept) == len(every) - dropped and dropped > 0
+    assert f"{dropped} of {len(every)} turns are longer than engine.max_model_len={cap}" in caplog.text
+    assert f"engine.max_model_len={lengths[-1]} keeps them all" in caplog.text
+
+
 def test_sft_samples_with_a_sentencepiece_tokenizer(tiny_cfg, tmp_path):
     """A Llama-2-format tokenizer: each assistant turn is a sample under its memory-mode context,
     observations in the model's own [INST] turns."""
