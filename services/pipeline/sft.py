@@ -115,12 +115,15 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     from services.world.pretrain import lr_at
     from services.pipeline.apps import connect
     from services.pipeline.runlog import RunLog
+    from services.common.model_checks import lr_warnings
     from services.common.paths import data_path, model_path
     from services.world.build import prepare_world
 
     cfg = prepare_world(cfg).model_copy(deep=True)
     cfg.learner.kl_coef = 0.0  # no reference model in SFT
     source = str(model_path(cfg))
+    for line in lr_warnings(cfg, source, sft=True):
+        log_fn(f"warning: {line}")
     tokenizer = AutoTokenizer.from_pretrained(source)
     transcripts = load_transcripts(data_path(cfg, "sft"), cfg.train.sft_min_em)
     if cfg.train.sft_name_swap > 0:

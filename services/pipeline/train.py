@@ -20,6 +20,7 @@ Running again on the same ``train.run_dir`` resumes from its latest complete che
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -28,7 +29,8 @@ from tqdm import tqdm
 
 from services.common.config import MempoConfig, to_yaml
 from services.common.data import PromptStream, load_prompts
-from services.common.paths import data_path
+from services.common.model_checks import lr_warnings
+from services.common.paths import data_path, model_path
 from services.pipeline.ahead import Generated, RolloutsAhead
 from services.pipeline.apps import Pipeline
 from services.learner.group_samples import decoded_group
@@ -67,6 +69,8 @@ def stage_times(batch: Generated, stats: dict, step_s: float) -> dict:
 
 def train(cfg: MempoConfig) -> dict:
     cfg = starting_policy(prepare_world(cfg))  # builds the embedded world if the config uses it
+    for line in lr_warnings(cfg, model_path(cfg), sft=False):
+        logging.getLogger("mempo.train").warning("%s", line)
     run_dir = Path(cfg.train.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     pipe = Pipeline.start(cfg)  # search, rollout, scorer, learner: each its own Serve application
