@@ -16,6 +16,7 @@ model and a SmolLM2-135M shape, CPU, fp32 and bf16, budgets 1,024-4,096, within 
                ``ACT_H`` x hidden + ``ACT_I`` x MLP width values a token a layer), or with activation
                checkpointing each layer's input plus one layer's intermediates (recomputed)
   head         the chunked log-probs: ``logit_chunk_tokens`` x vocabulary fp32 logits, a few copies
+  slack        what the allocator keeps beyond the live tensors (freed activations, fragments): 10%
   runtime      torch, transformers and the process itself
 
 A micro-batch is at most ``micro_token_budget`` padded tokens, except a single sample longer than the
@@ -26,7 +27,8 @@ from __future__ import annotations
 
 import torch
 
-ACT_H, ACT_I = 18.0, 5.0  # values kept per token per decoder layer, in units of hidden and MLP width (fitted)
+ACT_H, ACT_I = 12.0, 4.0  # values kept per token per decoder layer, in units of hidden and MLP width (fitted)
+SLACK = 0.1  # what the allocator holds beyond the live tensors (freed activations, fragments), a share of them
 HEAD_COPIES = 4  # chunk x vocab fp32 tensors alive at once in a chunk's backward (logits, log-softmax, grads)
 RUNTIME = 0.6 * 2**30  # bytes: the interpreter, torch, transformers, gloo (measured: the tiny model's rank)
 GIB = 2**30
@@ -61,7 +63,8 @@ def estimate_peak(hf, lc, world: int, dtype: torch.dtype, with_ref: bool, budget
     act = budget * (s["layers"] * s["h"] * cbytes + per_layer if ac else s["layers"] * per_layer)
     act += budget * s["h"] * 4 * 3  # final hidden states, the gathered loss rows, their gradient
     head = min(lc.logit_chunk_tokens, budget) * s["vocab"] * 4 * HEAD_COPIES
-    parts = {"states": states, "activations": act, "head": head, "runtime": RUNTIME}
+    parts = {"states": states, "activations": act, "head": head, "slack": SLACK * (states + act + head),
+             "runtime": RUNTIME}
     return {**parts, "total": sum(parts.values()), "params": s["params"]}
 
 
@@ -96,7 +99,7 @@ def budget_advice(hf, lc, world: int, dtype: torch.dtype, with_ref: bool, availa
                 ways.append(f"learner.activation_checkpointing=true with learner.micro_token_budget={b}")
     if world == 1:
         ways.append("more learner ranks (learner.world_size) to shard the weights and optimizer")
-    parts = ", ".join(f"{k} {est[k] / GIB:.1f}" for k in ("states", "activations", "head", "runtime"))
+    parts = ", ".join(f"{k} {est[k] / GIB:.1f}" for k in ("states", "activations", "head", "slack", "runtime"))
     return (f"learner.micro_token_budget={lc.micro_token_budget} needs about {est['total'] / GIB:.1f} GiB per learner "
             f"rank ({parts} GiB; {est['params'] / 1e6:.0f}M parameters), {available / GIB:.1f} GiB available: "
             f"set {' or '.join(ways) if ways else 'a smaller model'}")

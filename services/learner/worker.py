@@ -2,9 +2,14 @@
 reference policy (for the KL term).
 
 The model is sharded with ``fully_shard`` per decoder layer, then the root, over gloo on CPU or
-NCCL on GPU. Every rank receives the whole ``TrainingBatch`` (an ObjectRef resolves to the same
-bytes everywhere) and trains on its share of the micro-batches; losses are normalised by counts
-over the whole batch, so the ranks' gradients sum to the full-batch gradient.
+NCCL on GPU (services/learner/shard.py: fp32 master weights with bf16/fp16 compute, optional
+activation checkpointing); log-probs come chunk by chunk from the output head, at the loss
+positions only (services/learner/logprobs.py); at start each rank logs its estimated peak memory
+and warns when the micro-batch token budget will not fit (services/learner/memory.py).
+
+Every rank receives the whole ``TrainingBatch`` (an ObjectRef resolves to the same bytes
+everywhere) and trains on its share of the micro-batches; losses are normalised by counts over
+the whole batch, so the ranks' gradients sum to the full-batch gradient.
 
 Driven by ``services/learner/group.py``; not meant to be called by hand.
 """
