@@ -6,7 +6,8 @@ warning a rank logs at start when the micro-batch token budget will not fit.
     msg = budget_advice(hf_config, cfg.learner, world, dtype, with_ref, available_bytes)   # None if it fits
 
 The estimate is a rule of thumb, fitted to measured peaks (``bench/learner_memory.py``: the tiny
-model and a SmolLM2-135M shape, CPU, fp32 and bf16, budgets 1,024-4,096, within ~15%); it counts:
+model and SmolLM2-135M, CPU, fp32 and bf16, budgets 1,024-8,192: from 2% under to 20% over the
+measured RSS high-water); it counts:
 
   states       fp32 master weights, gradients and AdamW's two moments of the policy (16 bytes a
                parameter, sharded over the W ranks), the frozen reference in ``model.dtype``, and the
@@ -14,7 +15,8 @@ model and a SmolLM2-135M shape, CPU, fp32 and bf16, budgets 1,024-4,096, within 
                decoder layer or two, per model
   activations  what the backward keeps per token: every decoder layer's intermediates (about
                ``ACT_H`` x hidden + ``ACT_I`` x MLP width values a token a layer), or with activation
-               checkpointing each layer's input plus one layer's intermediates (recomputed)
+               checkpointing each layer's input plus the layer being recomputed and its backward's
+               transients (``AC_LAYERS`` layers' worth: measured peaks grow ~5x one layer's activations)
   head         the chunked log-probs: ``logit_chunk_tokens`` x vocabulary fp32 logits, a few copies
   slack        what the allocator keeps beyond the live tensors (freed activations, fragments): 10%
   runtime      torch, transformers and the process itself
@@ -28,6 +30,7 @@ from __future__ import annotations
 import torch
 
 ACT_H, ACT_I = 12.0, 4.0  # values kept per token per decoder layer, in units of hidden and MLP width (fitted)
+AC_LAYERS = 5.0  # activation checkpointing: the layer recomputed and its backward, in layers' worth (fitted)
 SLACK = 0.1  # what the allocator holds beyond the live tensors (freed activations, fragments), a share of them
 HEAD_COPIES = 4  # chunk x vocab fp32 tensors alive at once in a chunk's backward (logits, log-softmax, grads)
 RUNTIME = 0.6 * 2**30  # bytes: the interpreter, torch, transformers, gloo (measured: the tiny model's rank)
@@ -60,7 +63,7 @@ def estimate_peak(hf, lc, world: int, dtype: torch.dtype, with_ref: bool, budget
     if with_ref:
         states += s["params"] * cbytes / world + gathered * cbytes
     per_layer = (ACT_H * s["h"] + ACT_I * s["inter"]) * cbytes  # bytes a token a layer
-    act = budget * (s["layers"] * s["h"] * cbytes + per_layer if ac else s["layers"] * per_layer)
+    act = budget * (s["layers"] * s["h"] * cbytes + AC_LAYERS * per_layer if ac else s["layers"] * per_layer)
     act += budget * s["h"] * 4 * 3  # final hidden states, the gathered loss rows, their gradient
     head = min(lc.logit_chunk_tokens, budget) * s["vocab"] * 4 * HEAD_COPIES
     parts = {"states": states, "activations": act, "head": head, "slack": SLACK * (states + act + head),

@@ -20,7 +20,7 @@ def test_the_estimate_grows_with_the_budget_and_shrinks_with_checkpointing_and_c
     peak = {b: estimate_peak(SMOLLM2, lc, 1, torch.float32, True, b)["total"] for b in (1024, 2048, 4096, 8192)}
     assert peak[1024] < peak[2048] < peak[4096] < peak[8192]
     ac = estimate_peak(SMOLLM2, lc, 1, torch.float32, True, 8192, activation_checkpointing=True)
-    assert ac["activations"] < estimate_peak(SMOLLM2, lc, 1, torch.float32, True, 8192)["activations"] / 5
+    assert ac["activations"] < estimate_peak(SMOLLM2, lc, 1, torch.float32, True, 8192)["activations"] / 4
     small = LearnerConfig(logit_chunk_tokens=256)
     assert estimate_peak(SMOLLM2, small, 1, torch.float32, True)["head"] * 4 == estimate_peak(
         SMOLLM2, lc, 1, torch.float32, True)["head"]
