@@ -78,8 +78,15 @@ def _in_world(cfg: MempoConfig, name: str) -> Path:
 
 
 def model_path(cfg: MempoConfig) -> Path:
-    """The policy model directory: the world's tiny model unless ``model.path`` names another."""
-    return _in_world(cfg, "model") if cfg.model.path == WORLD else Path(cfg.model.path)
+    """The policy model directory: the world's tiny model unless ``model.path`` names another. A folder
+    that ``mempo model`` writes (under .cache/models/) and that is missing is named with the command."""
+    if cfg.model.path == WORLD:
+        return _in_world(cfg, "model")
+    path = Path(cfg.model.path)
+    if path.parts[:2] == (".cache", "models") and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model.path={path} is not there yet: `make model` writes SmolLM2-135M-Instruct "
+                                f"to .cache/models/ (`mempo model from-gguf FILE.gguf DIR` any GGUF file)")
+    return path
 
 
 def qwen_tokenizer_path(cfg: MempoConfig) -> Path:

@@ -75,6 +75,11 @@ def _chunked(model, input_ids, attention_mask, rows, chunk_tokens: int, with_ent
     hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     h = hidden[:, :-1][rows]  # [N, H]: only the asked positions go through the head
     targets = input_ids[:, 1:][rows]
+    filler = h.shape[0] == 0
+    if filler:  # a rank's filler micro-batch (no loss tokens, services/learner/samples.py): the head still runs,
+        # on one position, and the result enters times 0, so this rank's backward reaches every parameter and
+        # its FSDP reduce-scatters match the other ranks' (a backward without a graph would fail, and hang them)
+        h, targets = hidden.reshape(-1, hidden.shape[-1])[:1], input_ids.reshape(-1)[:1]
     grad = torch.is_grad_enabled() and h.requires_grad
     lps, ents = [], []
     for s in range(0, h.shape[0], chunk_tokens):
@@ -84,6 +89,8 @@ def _chunked(model, input_ids, attention_mask, rows, chunk_tokens: int, with_ent
         ents.append(ent)
     shape = rows.shape
     zeros = torch.zeros(shape, dtype=torch.float32, device=h.device)
+    if filler:
+        return zeros + 0.0 * torch.cat(lps).sum(), (zeros if with_entropy else None)
     lp = zeros.masked_scatter(rows, torch.cat(lps)) if lps else zeros
     ent = None
     if with_entropy:

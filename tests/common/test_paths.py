@@ -34,3 +34,9 @@ def test_the_world_key_follows_the_oracle_turn_limit_not_the_agents():
     base = world_key(load_config(TINY))
     assert world_key(load_config(TINY, ["rollout.max_turns=3"])) == base
     assert world_key(load_config(TINY, ["world.oracle_max_turns=3"])) != base
+
+
+def test_a_missing_model_folder_of_make_model_says_how_to_write_it():
+    cfg = load_config(TINY, ["model.path=.cache/models/no-such-model"])
+    with pytest.raises(FileNotFoundError, match="make model"):
+        model_path(cfg)

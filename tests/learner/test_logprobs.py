@@ -75,6 +75,21 @@ def test_chosen_rows_and_no_grad_mode():
     torch.testing.assert_close(lp, lp_ref * rows, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_filler_micro_batch_still_reaches_every_parameter(tied):
+    """A rank's filler micro-batch has no loss tokens (services/learner/samples.py): its log-probs are 0
+    but still a graph, and the backward gives every parameter a (zero) gradient, as FSDP's collectives
+    need every rank to take part; no backward at all failed one rank and hung the others."""
+    mb = micro(300)
+    mb.loss_mask = torch.zeros_like(mb.loss_mask)
+    model = tiny(300, tied)
+    lp, ent = token_logprobs(model, mb, with_entropy=True, chunk_tokens=4)
+    assert lp.requires_grad and not lp.detach().any() and not ent.any()
+    lp.sum().backward()
+    for name, g in grads(model).items():
+        assert g is not None and not g.any(), name
+
+
 def test_under_fsdp2_the_chunks_run_inside_the_roots_forward():
     """fully_shard per layer and the root (gloo, W=1) with the method installed: the tied head's
     parameters are the root's, all-gathered only in its forward; values and gradients (two
