@@ -66,7 +66,8 @@ def runs_untouched():
     yield
     after = tree_state(USER_RUNS)
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-    assert not changed, f"tests changed {USER_RUNS}: {changed[:10]} (use a temporary train.run_dir)"
+    assert not changed, (f"{USER_RUNS} changed while the tests ran: {changed[:10]}. A test must use a temporary "
+                         f"train.run_dir; a `mempo` command of yours writing there at the same time also shows here")
 
 
 @pytest.fixture(scope="session")

@@ -116,7 +116,7 @@ class LearnerWorker:
     def _finish_step(self, lr_key: str = "lr", loss: float = 0.0) -> dict:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.grad_clip)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        lr = self.sched.get_last_lr()[0]
+        lr = self.optim.param_groups[0]["lr"]  # the rate this update uses (set_lr changes it between schedule steps)
         # A non-finite loss (this rank's part) or gradient norm on any rank skips the update on every
         # rank: weights, optimizer state and lr schedule stay as they were; the step is counted.
         bad = torch.tensor(0.0 if math.isfinite(loss) and bool(torch.isfinite(norm)) else 1.0, device=norm.device)

@@ -51,7 +51,10 @@ def test_sft_lowers_the_loss(ray_cluster, setup, world):
     cfg, tb = setup
     group = LearnerGroup(cfg, str(world / "model"), world_size=1)
     try:
-        losses = [group.sft_step(tb)["sft_loss"] for _ in range(4)]
+        group.set_lr(8e-4)  # as `mempo sft` does (learner.sft_lr): the first step's metrics report it
+        steps = [group.sft_step(tb) for _ in range(4)]
     finally:
         group.shutdown()
+    losses = [m["sft_loss"] for m in steps]
     assert losses[-1] < losses[0] * 0.9, losses
+    assert [m["lr"] for m in steps] == [8e-4] * 4
