@@ -26,12 +26,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
+
+import yaml
+
+from services.common import gguf_model
+from services.common.config import ConfigError, load_config
+from services.common.config import main as config_main
+from services.common.jsonl import read_jsonl
+from services.common.replicas import NoReplica
+from services.pipeline import compare, eval_cli, plan, view
+from services.pipeline.registry import SERVICES, route_prefix
+from services.pipeline.start_errors import ServiceStartError
+from services.world.__main__ import main as world_main
+
+# Imported inside the command that needs it: the modules that import torch, Ray or pandas at their top
+# (sft, train, the search backends, the call retries, the pipeline that builds the world), so that
+# `mempo --help` and the light commands do not wait seconds for them.
 
 DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "deploy" / "configs" / "tiny.yaml")
 
@@ -44,9 +61,8 @@ def _index(argv: list[str]) -> int:
     p.add_argument("--encoder", default="", help="dense: local encoder directory (e5-style, mean pooling)")
     p.add_argument("--passage-prefix", default="passage: ", help="dense: prefix of every passage")
     args = p.parse_args(argv)
-    from services.common.jsonl import read_jsonl
-    from services.search_tool.backends import build_index
-    from services.search_tool.dense_index import TextEncoder
+    from services.search_tool.backends import build_index  # torch
+    from services.search_tool.dense_index import TextEncoder  # torch
 
     t0 = time.perf_counter()
     try:
@@ -83,8 +99,6 @@ def _model(argv: list[str]) -> int:
         q.add_argument("--force", action="store_true", help="convert again over an existing folder")
     a = p.parse_args(argv)
     _setup_logging()
-    from services.common import gguf_model
-
     try:
         out = (gguf_model.smollm2(a.dtype, a.dir, a.force) if a.what == "smollm2"
                else gguf_model.from_gguf(a.gguf, a.out, a.dtype, a.force))
@@ -114,14 +128,10 @@ def _split(args: list[str]) -> tuple[str, list[str]]:
 
 
 def _load(args: list[str]):
-    from services.common.config import load_config
-
     return load_config(*_split(args))
 
 
 def _setup_logging() -> None:
-    import logging
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("ray", "ray.serve", "vllm", "filelock", "urllib3", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -134,7 +144,7 @@ def _sft(argv: list[str]) -> int:
     a = p.parse_intermixed_args(argv)
     cfg = _load(a.args)
     _setup_logging()
-    from services.pipeline.sft import run_sft, sft_dir
+    from services.pipeline.sft import run_sft, sft_dir  # torch
 
     if (sft_dir(cfg) / "config.json").is_file() and not a.force:
         print(f"SFT policy already in {sft_dir(cfg)}; keeping it (--force trains again)", flush=True)
@@ -148,7 +158,7 @@ def _train(argv: list[str]) -> int:
                          "policy (train.init_from_sft); resumes an existing train.run_dir; Ctrl-C checkpoints.")
     cfg = _load(p.parse_intermixed_args(argv).args)
     _setup_logging()
-    from services.pipeline.train import train
+    from services.pipeline.train import train  # Ray and torch
 
     try:
         train(cfg)
@@ -172,9 +182,7 @@ def _eval(argv: list[str]) -> int:
     a = p.parse_intermixed_args(argv)
     cfg = _load(a.args)
     _setup_logging()
-    from services.pipeline.eval_cli import run_eval
-
-    return run_eval(cfg, a.policy, a.report, a.pair)
+    return eval_cli.run_eval(cfg, a.policy, a.report, a.pair)
 
 
 def _compare(argv: list[str]) -> int:
@@ -182,21 +190,17 @@ def _compare(argv: list[str]) -> int:
                            "(no memory reward) and Search-R1-like (full history) for the same steps, then one "
                            "held-out table and plot in <train.run_dir>/compare/. No periodic evaluation during "
                            "training unless train.eval_every=N is given: the final one is the comparison.")
-    from services.pipeline.compare import variants_help
-
     p.add_argument("--variants", default="", help="comma-separated variants, NAME or NAME:SEEDS to run that one at "
-                   "fewer seeds (default: those marked default): " + variants_help())
+                   "fewer seeds (default: those marked default): " + compare.variants_help())
     p.add_argument("--seeds", type=int, default=1, help="train each variant at this many seeds (train.seed, +1, ...): "
                    "runs go in <run_dir>/compare/<variant>-s<seed>/, the report pairs them per seed and averages over "
                    "seeds; a stopped comparison resumes with the same command")
     a = p.parse_intermixed_args(argv)
     _setup_logging()
-    from services.pipeline.compare import compare
-
     path, overrides = _split(a.args)
     _load(a.args)  # fail on a bad key before anything starts
     try:
-        compare(path, overrides, a.variants or None, a.seeds)
+        compare.compare(path, overrides, a.variants or None, a.seeds)
     except KeyboardInterrupt:
         return 130
     return 0
@@ -206,11 +210,11 @@ def _serve(argv: list[str]) -> int:
     p = _parser("serve", "Deploy the services (no training) and keep them up until Ctrl-C: e.g. the scorer's "
                          "REST endpoint (POST /scorer/score) and Search-R1's POST /retrieve.")
     p.add_argument("--apps", default="search,rollout,scorer",
-                   help="comma-separated services to deploy, of search, rollout, scorer, learner")
+                   help=f"comma-separated services to deploy, of {', '.join(SERVICES)}")
     a = p.parse_intermixed_args(argv)
     cfg = _load(a.args)
     _setup_logging()
-    from services.pipeline.apps import SERVICES, Pipeline, route_prefix
+    from services.pipeline.apps import Pipeline  # Ray on use, pandas (the world) at its top
 
     apps = [s.strip() for s in a.apps.split(",") if s.strip()]
     bad = [s for s in apps if s not in SERVICES]
@@ -235,13 +239,12 @@ def _scale(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="mempo scale", description="Change a running pipeline's replica count for one "
                                 "service (rollout, scorer or search) while training runs; the other services and "
                                 "the running replicas are untouched.")
-    p.add_argument("service", choices=["rollout", "scorer", "search"])
+    p.add_argument("service", choices=[name for name, svc in SERVICES.items() if svc.scalable])
     p.add_argument("replicas", type=int)
     p.add_argument("--run-dir", default="runs/tiny", help="the training run (its pipeline.yaml says what was deployed)")
     p.add_argument("--address", default="auto", help="Ray address of the running cluster")
     a = p.parse_args(argv)
-    from services.common.config import load_config
-    from services.pipeline.apps import scale
+    from services.pipeline.apps import scale  # Ray on use, pandas (the world) at its top
 
     deployed = Path(a.run_dir) / "pipeline.yaml"
     if not deployed.is_file():
@@ -267,10 +270,6 @@ def _plan(argv: list[str]) -> int:
                         "config generates (and, for the manifest, if its pods cannot hold the plan)")
     a = p.parse_intermixed_args(argv)
     cfg = _load(a.args)
-    import yaml
-
-    from services.pipeline import plan
-
     path, overrides = _split(a.args)
     if overrides and (a.serve_config or a.kuberay):
         print("error: generated files take the recipe as it is; put overrides in the config file", file=sys.stderr)
@@ -352,20 +351,15 @@ def _view(argv: list[str]) -> int:
     p.add_argument("--scorer", default="", help="--serve: the scorer's REST endpoint (default: the run's "
                    "ray.http_port, http://127.0.0.1:<port>/scorer/score)")
     a = p.parse_intermixed_args(argv)
-    from services.pipeline.view import serve, write_view
-
     if not a.serve:
-        print(f"wrote {write_view(a.run_dir)}")
+        print(f"wrote {view.write_view(a.run_dir)}")
         return 0
     scorer = a.scorer
     if not scorer:
-        from services.common.config import load_config
-        from services.pipeline.apps import route_prefix
-
         run_cfg = Path(a.run_dir) / "pipeline.yaml"
         cfg = load_config(str(run_cfg) if run_cfg.is_file() else None)
         scorer = f"http://127.0.0.1:{cfg.ray.http_port}{route_prefix(cfg, 'scorer')}/score"
-    serve(a.run_dir, a.port, scorer)
+    view.serve(a.run_dir, a.port, scorer)
     return 0
 
 
@@ -404,20 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "world":
-        from services.world.__main__ import main as world_main
-
         return world_main(rest)
     if cmd == "config":
-        from services.common.config import main as config_main
-
         return config_main(rest)
     if cmd in COMMANDS:
-        import yaml
-
-        from services.common.calls import CallError
-        from services.common.config import ConfigError
-        from services.common.replicas import NoReplica
-        from services.pipeline.start_errors import ServiceStartError
+        from services.common.calls import CallError  # Ray
 
         try:
             with stop_like_ctrl_c():

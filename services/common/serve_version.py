@@ -10,7 +10,8 @@ argument; driver-only fields such as replica counts and ``train.steps`` are alre
 the ``services`` package's source: same config and code, same version, running replicas stay; a
 replica-count change is a lightweight Serve update; anything else redeploys.
 
-The version of a service covers only the config sections its replicas read (:data:`SECTIONS`):
+The version of a service covers only the config sections its replicas read
+(services/common/service_sections.py ``SECTIONS``, the common half of the service registry):
 two configs that differ elsewhere (another ``train.run_dir``, ``algorithm.use_memory_reward``, a learner
 setting) deploy the search, rollout and scorer replicas that already run, untouched, so ``mempo compare``
 restarts only what a variant changes. The replicas are still built with the whole config (the
@@ -28,6 +29,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from services.common.service_sections import sections_of
+
 
 @functools.lru_cache(maxsize=1)
 def source_digest() -> str:
@@ -39,23 +42,9 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-# The config sections (or single ``section.field``s) each service's replicas read, checked by grepping
-# each service package for ``cfg.<section>``; tests/common/test_serve_version.py pins what a baseline's
-# change restarts. None: every section. ``world`` resolves a path still named 'world'; ``ray`` holds the
-# call timeouts; the scorer reads only the system prompt of the rollout section (its REST default).
-SECTIONS: dict[str, tuple[str, ...] | None] = {
-    "search": ("search", "world", "ray"),
-    "rollout": ("model", "engine", "rollout", "search", "world", "ray"),
-    "scorer": ("model", "engine", "scorer", "rollout.system_prompt", "world", "ray"),
-    "learner": None,
-}
-
-
 def service_slice(replica_config: dict, service: str) -> dict:
-    """The part of a replica config that ``service``'s replicas read (:data:`SECTIONS`)."""
-    if service not in SECTIONS:
-        raise ValueError(f"unknown service {service!r}; choose from {', '.join(SECTIONS)}")
-    keep = SECTIONS[service]
+    """The part of a replica config that ``service``'s replicas read (``SECTIONS``)."""
+    keep = sections_of(service)
     if keep is None:
         return dict(replica_config)
     out: dict = {}

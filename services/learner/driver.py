@@ -16,7 +16,8 @@ import ray
 
 
 class LearnerDriver:
-    def __init__(self, handle):
+    def __init__(self, handle, cfg=None):
+        """``cfg`` is taken, and not read, so that every driver is built alike (services/pipeline/registry.py)."""
         self.handle = handle
         self.watch = None  # set by the Pipeline: a ReplicaWatch, so a call waits for a starting replacement
 

@@ -18,60 +18,28 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from services.common.config import MempoConfig
+from services.common.local_ray import init_keeping_sigterm, join_options, local_init_options
+from services.common.replicas import ReplicaWatch, start_limit_s
+from services.pipeline.plan import actors, fit, live_nodes, totals
+from services.pipeline.registry import (POLICY_HOLDERS, SERVICES, app_name, application, route_prefix, service,
+                                        wired)
 from services.pipeline.start_errors import deploy
+from services.world.build import prepare_world
 
 log = logging.getLogger("mempo.pipeline")
 
-SERVICES = ("search", "rollout", "scorer", "learner")
-
-
-def app_name(cfg: MempoConfig, service: str) -> str:
-    return f"{cfg.ray.app_prefix}{service}"
-
-
-def route_prefix(cfg: MempoConfig, service: str) -> str | None:
-    p = cfg.ray.app_prefix
-    if service == "search":
-        return f"/{p}search" if p else "/"
-    if service == "scorer":
-        return f"/{p}scorer"
-    return None
-
-
-def wired(cfg: MempoConfig) -> MempoConfig:
-    """The config with the cross-service names following ``ray.app_prefix``."""
-    if not cfg.ray.app_prefix:
-        return cfg
-    cfg = cfg.model_copy(deep=True)
-    cfg.rollout.search_app = app_name(cfg, "search")
-    cfg.learner.publish_to = [f"{app_name(cfg, 'rollout')}:rollout", f"{app_name(cfg, 'scorer')}:scorer"]
-    return cfg
-
-
-def application(cfg: MempoConfig, service: str):
-    """The bound Serve application of one service."""
-    if service == "search":
-        from services.search_tool.service import search_app as build
-    elif service == "rollout":
-        from services.rollout.service import rollout_app as build
-    elif service == "scorer":
-        from services.scorer.service import scorer_app as build
-    elif service == "learner":
-        from services.learner.service import learner_app as build
-    else:
-        raise ValueError(f"unknown service {service!r}; choose from {', '.join(SERVICES)}")
-    return build(cfg)
+__all__ = ["SERVICES", "Pipeline", "app_name", "application", "check_resources", "connect", "load_hf_state",
+           "replica_watch", "route_prefix", "scale", "wired"]
 
 
 def connect(cfg: MempoConfig, with_serve: bool = True) -> None:
     """Join ``ray.address`` (or start a loopback-only local cluster) and, unless told not to, start Serve."""
-    import ray
-    from ray import serve
-
-    from services.common.local_ray import init_keeping_sigterm, join_options, local_init_options
+    import ray  # Ray on use: importing the pipeline (``mempo plan``, the tests' pieces) stays light
+    from ray import serve  # the same
 
     if not ray.is_initialized():
         if cfg.ray.address:
@@ -89,8 +57,6 @@ def check_resources(cfg: MempoConfig, services, strict: bool = True) -> None:
     """Fail fast, with the numbers, when this cluster's live nodes cannot place the services (Serve
     would otherwise wait forever for a replica that never fits). ``strict=False`` logs instead (a
     cluster with an autoscaler may add nodes). The arithmetic is services/pipeline/plan.py's."""
-    from services.pipeline.plan import actors, fit, live_nodes
-
     errors, warnings = fit(actors(cfg, services), live_nodes())
     for w in warnings:
         log.warning("%s", w)
@@ -118,37 +84,26 @@ class Pipeline:
     start_s: dict = field(default_factory=dict)  # service -> seconds its serve.run took (a kept service: ~1 s)
 
     @classmethod
-    def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = SERVICES) -> "Pipeline":
-        from services.learner.driver import LearnerDriver
-        from services.rollout.driver import RolloutDriver
-        from services.scorer.driver import ScorerDriver
-        from services.world.build import prepare_world
-
+    def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = tuple(SERVICES)) -> "Pipeline":
         cfg = wired(prepare_world(cfg))  # the world is built here, once; replicas get concrete paths
         connect(cfg)
         check_resources(cfg, services, strict=not cfg.ray.address)  # a cluster with an autoscaler may grow
         # search first (the agent calls it), then the policy copies, then the learner that feeds them
         order = [s for s in SERVICES if s in services]
         pipe = cls(cfg, [])
-        for service in order:
+        for name in order:
             t0 = time.perf_counter()
-            name = app_name(cfg, service)
-            handle = deploy(application(cfg, service), name, route_prefix(cfg, service), service)
-            pipe.apps.append(name)
-            pipe.start_s[service] = time.perf_counter() - t0
-            log.info("%s is up (%.1fs)", name, pipe.start_s[service])
-            if service == "search":
-                pipe.search = handle
-            elif service == "rollout":
-                pipe.rollout = RolloutDriver(handle, cfg)
-            elif service == "scorer":
-                pipe.scorer = ScorerDriver(handle, cfg)
-            else:
-                pipe.learner = LearnerDriver(handle)
-        for service, driver in (("rollout", pipe.rollout), ("scorer", pipe.scorer), ("learner", pipe.learner)):
-            if driver is not None:
-                driver.watch = pipe.watches[service] = replica_watch(cfg, service)
-                if service != "learner":
+            app = app_name(cfg, name)
+            handle = deploy(application(cfg, name), app, route_prefix(cfg, name), name)
+            pipe.apps.append(app)
+            pipe.start_s[name] = time.perf_counter() - t0
+            log.info("%s is up (%.1fs)", app, pipe.start_s[name])
+            setattr(pipe, name, SERVICES[name].driver(handle, cfg))
+        for name in order:  # once all are up: a replica's watch, and the resync a replaced policy copy needs
+            if SERVICES[name].driver_class is not None:
+                driver = getattr(pipe, name)
+                driver.watch = pipe.watches[name] = replica_watch(cfg, name)
+                if SERVICES[name].restart == "resync":
                     driver.before_retry = pipe.resync
         return pipe
 
@@ -165,7 +120,7 @@ class Pipeline:
         Serve started to replace a dead one loads ``model.path``, not the current policy. Returns
         whether the learner had to publish again."""
         self.version = version
-        stale = [r for d in (self.rollout, self.scorer) if d is not None
+        stale = [r for d in self._policy_holders()
                  for r in self._replica_info(d) if r.get("version") != version]
         if stale and self.learner is not None:
             log.warning("%d replica(s) behind version %d (replaced?); publishing again", len(stale), version)
@@ -176,16 +131,20 @@ class Pipeline:
     def replica_names(self) -> dict[str, list[str]]:
         """service -> the names of its live replicas (rollout, scorer, learner; the search service
         has no ``info``): the same names after a redeploy mean Serve kept the replicas."""
-        drivers = {"rollout": self.rollout, "scorer": self.scorer, "learner": self.learner}
+        drivers = {name: getattr(self, name) for name, svc in SERVICES.items() if svc.driver_class is not None}
         return {s: sorted(str(r.get("replica")) for r in self._replica_info(d))
                 for s, d in drivers.items() if d is not None}
+
+    def _policy_holders(self) -> list:
+        """The drivers of the running services that hold a copy of the policy (rollout, scorer)."""
+        return [d for d in (getattr(self, name) for name in POLICY_HOLDERS) if d is not None]
 
     @staticmethod
     def _replica_info(driver) -> list[dict]:
         """``info`` of every live replica of a driver's deployment. One whose every replica died has none
         until Serve's replacement is up: that is waited for while the driver's ReplicaWatch says one is
         starting and fits the cluster (up to ``ray.replica_wait_s``), and fails at once when not."""
-        from services.learner.publish import broadcast
+        from services.learner.publish import broadcast  # imports Ray and torch at its top
 
         if driver.watch is None:
             return broadcast(driver.handle, "info")[0]
@@ -194,13 +153,13 @@ class Pipeline:
 
     def publish_model(self, model_dir: str, version: int) -> dict:
         """Load a Hugging Face policy directory into every rollout and scorer replica (for eval)."""
-        from services.learner.publish import ObjectStorePublisher
+        from services.learner.publish import ObjectStorePublisher  # imports Ray and torch at its top
 
-        handles = [d.handle for d in (self.rollout, self.scorer) if d is not None]
+        handles = [d.handle for d in self._policy_holders()]
         return ObjectStorePublisher(handles).publish(load_hf_state(model_dir), version)
 
     def shutdown(self) -> None:
-        from ray import serve
+        from ray import serve  # Ray on use (see connect)
 
         for name in reversed(self.apps):
             serve.delete(name)
@@ -210,51 +169,46 @@ class Pipeline:
 def replica_watch(cfg: MempoConfig, service: str):
     """The ReplicaWatch of one service's deployment: what one replica asks of a node (services/pipeline/
     plan.py, the numbers ``mempo plan`` prints) and the config's limits."""
-    from services.common.replicas import ReplicaWatch, start_limit_s
-    from services.pipeline.plan import actors
-
     replica = next(a for a in actors(cfg, (service,)) if a.what == "replica")
     return ReplicaWatch(app_name(cfg, service), service, replica.demand(),
                         start_limit_s(cfg.ray.replica_wait_s, cfg.model.path), cfg.ray.call_timeout_s,
                         cfg.ray.autoscaler)
 
 
-def scale(cfg: MempoConfig, service: str, replicas: int) -> None:
+def scale(cfg: MempoConfig, name: str, replicas: int) -> None:
     """Resize one service of a running pipeline. ``cfg`` is the config it was deployed with (a
     training run writes it to ``<run_dir>/pipeline.yaml``); only the replica count changes, so Serve
     adds or removes replicas and leaves the running ones alone. New rollout/scorer replicas start
     from ``model.path`` and take the current policy at the learner's next publish (every step)."""
-    from ray import serve
+    import ray  # Ray on use (see connect)
+    from ray import serve  # the same
 
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
+    if not service(name).scalable:
+        raise ValueError(f"{name} cannot be scaled; choose from "
+                         f"{', '.join(n for n, s in SERVICES.items() if s.scalable)}")
     cfg = cfg.model_copy(deep=True)
-    section = {"rollout": cfg.rollout, "scorer": cfg.scorer, "search": cfg.search}[service]
+    section = getattr(cfg, name)  # a scalable service's section is named after it and has ``replicas``
     section.replicas = replicas
-    if service == "search":
+    if name == "search":
         section.autoscaling = False
     connect(cfg)
-    import ray
-
-    status = serve.status().applications.get(app_name(cfg, service))
+    status = serve.status().applications.get(app_name(cfg, name))
     if status is None:
-        raise ValueError(f"no running application {app_name(cfg, service)!r}: is the pipeline up?")
+        raise ValueError(f"no running application {app_name(cfg, name)!r}: is the pipeline up?")
     current = sum(d.replica_states.get("RUNNING", 0) for d in status.deployments.values())
-    from services.pipeline.plan import actors, totals
-
-    extra = totals(actors(cfg, (service,))).get("CPU", 0.0) * max(0, replicas - current) / replicas
+    extra = totals(actors(cfg, (name,))).get("CPU", 0.0) * max(0, replicas - current) / replicas
     free = ray.available_resources().get("CPU", 0.0)
     if extra > free + 1e-9:
-        raise ValueError(f"{replicas - current} more {service} replica(s) need {extra:g} CPUs; the cluster has {free:g} "
-                         f"free (add nodes, or lower {service}.num_cpus in the run's config before starting it)")
-    deploy(application(cfg, service), app_name(cfg, service), route_prefix(cfg, service), service)
+        raise ValueError(f"{replicas - current} more {name} replica(s) need {extra:g} CPUs; the cluster has {free:g} "
+                         f"free (add nodes, or lower {name}.num_cpus in the run's config before starting it)")
+    deploy(application(cfg, name), app_name(cfg, name), route_prefix(cfg, name), name)
 
 
 def load_hf_state(model_dir: str) -> dict:
     """The tensors of a Hugging Face model directory (one or several safetensors files)."""
-    from pathlib import Path
-
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # imports torch
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:

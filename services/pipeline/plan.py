@@ -25,7 +25,8 @@ from pathlib import Path
 import yaml
 
 from services.common.config import MempoConfig, learner_worker_gpus
-from services.pipeline.apps import SERVICES, app_name, route_prefix
+from services.common.local_ray import init_keeping_sigterm, join_options
+from services.pipeline.registry import ROOT, SERVICES, app_name, route_prefix
 
 SERVE_CONFIG_HEADER = """\
 # Ray Serve config for the mempo services, GENERATED from {config} by
@@ -60,15 +61,10 @@ class Actors:
 
 def deployments(cfg: MempoConfig) -> dict[str, dict]:
     """Each service's Serve deployment options, exactly as ``mempo train`` deploys them."""
-    from services.learner.service import deployment_options as learner
-    from services.rollout.service import deployment_options as rollout
-    from services.scorer.service import deployment_options as scorer
-    from services.search_tool.service import deployment_options as search
-
-    return {"search": search(cfg), "rollout": rollout(cfg), "scorer": scorer(cfg), "learner": learner(cfg)}
+    return {name: svc.options(cfg) for name, svc in SERVICES.items()}
 
 
-def actors(cfg: MempoConfig, services=SERVICES) -> list[Actors]:
+def actors(cfg: MempoConfig, services=tuple(SERVICES)) -> list[Actors]:
     """Every kind of actor the chosen services start, from their deployment options."""
     out = []
     for service, opts in deployments(cfg).items():
@@ -163,16 +159,14 @@ def parse_nodes(specs: list[str]) -> list[dict[str, float]]:
 
 def live_nodes() -> list[dict[str, float]]:
     """Total resources of each live node of the cluster this process is connected to."""
-    import ray
+    import ray  # Ray on use: the plan's arithmetic and files need no cluster
 
     return [{k: v for k, v in n["Resources"].items() if not k.startswith("node:")} for n in ray.nodes() if n["Alive"]]
 
 
 def cluster_nodes(address: str) -> list[dict[str, float]]:
     """:func:`live_nodes` of the cluster at ``address`` (joined if this process is not connected yet)."""
-    import ray
-
-    from services.common.local_ray import init_keeping_sigterm, join_options
+    import ray  # Ray on use (see live_nodes)
 
     if not ray.is_initialized():
         init_keeping_sigterm(**join_options(address))
@@ -240,8 +234,6 @@ def _cpu_quantity(q: str) -> float:
 
 def config_relpath(path: str) -> str:
     """A config path as the repository names it (deploy/configs/...), for the generated files."""
-    from services.pipeline.serve_apps import ROOT
-
     p = Path(path).resolve()
     try:
         return str(p.relative_to(ROOT))

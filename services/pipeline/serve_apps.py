@@ -14,6 +14,8 @@ file, world.dir, train.run_dir, model.path, data and index paths) resolve agains
 because replicas do not run in the directory ``serve deploy`` was called from. Each builder
 builds the embedded world if the config uses it (the first one does; the others find it cached)
 and deploys the config with concrete paths, as ``mempo train`` does.
+
+There is one builder per service of the registry (services/pipeline/registry.py), named after it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.common.config import MempoConfig, load_config
+from services.pipeline.registry import ROOT, SERVICES, application, wired
+from services.world.build import prepare_world
 
-ROOT = Path(__file__).resolve().parents[2]
 _PATH_FIELDS = (("world", "dir"), ("train", "run_dir"), ("model", "path"), ("search", "corpus"),
                 ("search", "index_dir"), ("search", "embedding_model"), ("train", "data"), ("train", "sft_data"),
                 ("eval", "data"))
@@ -47,23 +50,20 @@ def config_from_args(args: dict | None) -> MempoConfig:
 
 
 def _build(service: str, args: dict | None):
-    from services.pipeline.apps import application, wired
-    from services.world.build import prepare_world
-
     return application(wired(prepare_world(config_from_args(args), progress=False)), service)
 
 
-def search(args: dict | None = None):
-    return _build("search", args)
+def _builder(service: str):
+    """The application builder ``services.pipeline.serve_apps:<service>`` (Serve wants a function of one
+    argument, the application's ``args``)."""
+    def build(args: dict | None = None):
+        return _build(service, args)
+
+    build.__name__ = build.__qualname__ = service
+    build.__doc__ = f"The {service} application of a mempo config (``args``: config, overrides)."
+    return build
 
 
-def rollout(args: dict | None = None):
-    return _build("rollout", args)
-
-
-def scorer(args: dict | None = None):
-    return _build("scorer", args)
-
-
-def learner(args: dict | None = None):
-    return _build("learner", args)
+for _service in SERVICES:
+    globals()[_service] = _builder(_service)
+__all__ = ["ROOT", "config_from_args", *SERVICES]

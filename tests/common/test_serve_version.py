@@ -3,7 +3,8 @@
 import pytest
 
 from services.common.config import load_config, replica_config
-from services.common.serve_version import SECTIONS, deployment_version, service_slice
+from services.common.serve_version import deployment_version, service_slice
+from services.common.service_sections import SECTIONS
 
 TINY = "deploy/configs/tiny.yaml"
 SERVICES = tuple(SECTIONS)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from services.common.config import MempoConfig, field_baselines, load_config, replica_config
-from services.common.serve_version import SECTIONS, deployment_version
+from services.common.serve_version import deployment_version
+from services.common.service_sections import SECTIONS
 from services.pipeline.compare import (DEFAULT_VARIANTS, VARIANTS, Run, baseline_table, parse_variants, plan_runs,
                                       seed_tables, variant_config, variants_help)
 
