@@ -20,6 +20,7 @@ parts' special tokens as cut points.
 from __future__ import annotations
 
 import re
+import weakref
 from pathlib import Path
 
 import torch
@@ -94,9 +95,51 @@ def mixed_ids(tokenizer, parts: list[tuple[str, bool]]) -> list[int]:
             elif piece:
                 pieces.append((piece, False))
     ids: list[int] = []
+    after_special = False
     for piece, special in pieces:
-        ids += [int(tokenizer.convert_tokens_to_ids(piece))] if special else text_ids(tokenizer, piece)
+        if special:
+            ids.append(int(tokenizer.convert_tokens_to_ids(piece)))
+        elif after_special and _no_prefix_after_special(tokenizer):
+            ids += _continuation_ids(tokenizer, piece)
+        else:
+            ids += text_ids(tokenizer, piece)
+        after_special = special
     return ids
+
+
+_PREFIX_RULE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _no_prefix_after_special(tokenizer) -> bool:
+    """Whether the tokenizer, encoding a whole string, starts the text after a control token without
+    the dummy-prefix space it puts before every text it encodes on its own (SentencePiece tokenizers
+    with ``legacy=False``, e.g. Llama-2's or Mistral's as transformers loads them). Then text after a
+    control token must be encoded as a continuation to give the whole string's ids."""
+    try:
+        return _PREFIX_RULE[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    special = next((t for t in (tokenizer.eos_token, tokenizer.bos_token) if t), None)
+    rule = False
+    if special is not None:
+        probe = "Ab c"
+        whole = list(tokenizer.encode(special + probe, add_special_tokens=False))
+        rule = whole != [int(tokenizer.convert_tokens_to_ids(special))] + text_ids(tokenizer, probe)
+    try:
+        _PREFIX_RULE[tokenizer] = rule
+    except TypeError:  # a tokenizer that cannot be weakly referenced: probe again next time
+        pass
+    return rule
+
+
+def _continuation_ids(tokenizer, text: str) -> list[int]:
+    """Ids of ``text`` encoded as a continuation: behind a one-character anchor whose ids are a prefix
+    of the result, those ids dropped (the dummy-prefix space goes to the anchor)."""
+    for anchor in ("\n", "a", "."):
+        head, full = text_ids(tokenizer, anchor), text_ids(tokenizer, anchor + text)
+        if full[:len(head)] == head:
+            return full[len(head):]
+    return text_ids(tokenizer, text)
 
 
 _MARK = "\ue000{}\ue001"  # private-use characters: stand-ins for the contents while the template renders
