@@ -9,9 +9,11 @@ context (teacher forcing with the current policy):
     R_mem  = P_mem - P_full
 
 Rules are registries: a filter (``FILTERS``, ``@filter_rule``) and an average (``AVERAGES``,
-``@average_rule``), each a named function with a one-line description; ``scorer.filter_mode`` and
+``@average_rule``), each a named function with a one-line description (tables of choices,
+services/common/choices.py, whose entries carry their functions); ``scorer.filter_mode`` and
 ``scorer.average`` accept any registered name (docs/extending.md: adding a rule is one function here
-and a test). ``python -m services.common.memory_reward`` lists them.
+and a test), and tests/common/test_choices.py checks docs/algorithm.md lists them all.
+``python -m services.common.memory_reward`` lists them.
 
 Which tokens count is a filter (``FILTERS``): ``independent`` (reference: each side keeps its own
 confident tokens), ``joint`` (a token counts on both sides only if it passes on both), ``none`` (every
@@ -29,28 +31,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
-@dataclass(frozen=True)
-class Rule:
-    """One named reward rule: what ``scorer.filter_mode`` / ``scorer.average`` select by name."""
+from services.common.choices import Choice as Rule  # one named reward rule: name, description, fn
+from services.common.choices import Choices
 
-    name: str
-    description: str
-    fn: Callable
-
-
-FILTERS: dict[str, Rule] = {}  # name -> which answer tokens count: fn(full_logp, mem_logp, tau, floor)
-AVERAGES: dict[str, Rule] = {}  # name -> how the counted tokens become P: fn(logp, keep, spans, eps)
+FILTERS = Choices("scorer.filter_mode", "independent")  # which answer tokens count: fn(full_logp, mem_logp, tau, floor)
+AVERAGES = Choices("scorer.average", "geometric")  # how the counted tokens become P: fn(logp, keep, spans, eps)
 
 
 def filter_rule(name: str, description: str):
     """Register ``fn(full_logp, mem_logp, tau, floor) -> (full_keep, mem_keep, full_logp, mem_logp)``
     (the log-probs it returns are what the average sees) as ``scorer.filter_mode=name``."""
     def register(fn):
-        FILTERS[name] = Rule(name, description, fn)
+        FILTERS.add(name, description, fn)
         return fn
     return register
 
@@ -59,7 +54,7 @@ def average_rule(name: str, description: str):
     """Register ``fn(logp, keep, spans, eps) -> P`` as ``scorer.average=name``; ``spans`` are each
     question's [start, end) in the answer tokens (one span covering all of them when k = 1)."""
     def register(fn):
-        AVERAGES[name] = Rule(name, description, fn)
+        AVERAGES.add(name, description, fn)
         return fn
     return register
 
@@ -99,7 +94,7 @@ class BlockReward:
         return self.p_mem - self.p_full
 
 
-def _rule(rules: dict[str, Rule], name: str, what: str) -> Rule:
+def _rule(rules: Choices, name: str, what: str) -> Rule:
     if name not in rules:
         raise ValueError(f"{what} {name!r} is not one of {tuple(rules)}")
     return rules[name]

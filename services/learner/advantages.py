@@ -30,10 +30,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional, get_args
+from typing import Optional
 
 import numpy as np
 
+from services.common.choices import MEM_CREDIT_SCOPES, MEM_CREDITS, MEM_POOLINGS
 from services.common.config import AlgorithmConfig
 from services.common.messages import Episode, MemoryScoreBatch, TrajectoryBatch
 from services.common.rewards import multi_objective_em, multi_objective_f1
@@ -92,9 +93,6 @@ def token_advantage(n_tokens: int, a_out: float, mem_span: tuple[int, int], a_me
     return adv
 
 
-MEM_POOLINGS = get_args(AlgorithmConfig.model_fields["mem_pooling"].annotation)  # the config's choices
-
-
 def pool_key(ep: Episode, t: int, pooling: str):
     """Which pool of its prompt's group the <mem> block of turn index ``t`` joins: one pool for the
     group ("prompt"), one per turn number ("prompt_turn"), or one per set of observations the episode
@@ -106,12 +104,16 @@ def pool_key(ep: Episode, t: int, pooling: str):
         return ep.turns[t].turn
     if pooling == "prompt_seen":
         return frozenset(turn.observation_ids.tobytes() for turn in ep.turns[:t])
-    raise ValueError(f"unknown memory pooling {pooling!r}; choose from {', '.join(MEM_POOLINGS)}")
+    raise MEM_POOLINGS.unknown(pooling)
 
 
 def mem_credit(r_mem: float, credit: str) -> float:
     """The memory reward one block is credited with (``algorithm.mem_credit``)."""
-    return min(r_mem, 0.0) if credit == "loss_only" else r_mem
+    if credit == "difference":
+        return r_mem
+    if credit == "loss_only":
+        return min(r_mem, 0.0)
+    raise MEM_CREDITS.unknown(credit)
 
 
 def _pooled(pools: dict, cfg: AlgorithmConfig, spreads: list[float]):
@@ -160,12 +162,16 @@ def _question_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: 
     return out
 
 
+# algorithm.mem_credit_scope -> the credit rule: one entry per MEM_CREDIT_SCOPES choice (a test checks)
+CREDIT_SCOPES = {"block": _block_credits, "question": _question_credits}
+
+
 def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch], cfg: AlgorithmConfig) -> Advantages:
     out = Advantages()
     varied = 0  # groups whose outcome rewards differ: the only ones GRPO's outcome advantage learns from
     mem_spreads: list[float] = []  # the std of R_mem in each pool of two or more blocks
     by_group: dict[int, list] = defaultdict(list)
-    credit_rule = _question_credits if cfg.mem_credit_scope == "question" else _block_credits
+    credit_rule = CREDIT_SCOPES[MEM_CREDIT_SCOPES.check(cfg.mem_credit_scope)]
     if scores is not None and cfg.use_memory_reward:
         for s in scores.scores:
             by_group[s.group].append(s)

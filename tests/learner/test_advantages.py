@@ -154,7 +154,7 @@ def test_prompt_seen_pooling_compares_memories_written_after_the_same_observatio
     assert seen.a_mem[(0, 0, 2)] == pytest.approx(-a, rel=1e-5) and seen.a_mem[(0, 2, 2)] == pytest.approx(a, rel=1e-5)
     assert seen.metrics["mem_pools"] == 2.0  # pools of two or more blocks
     assert pool_key(group.episodes[0], 1, "prompt_seen") == pool_key(group.episodes[2], 1, "prompt_seen")
-    with pytest.raises(ValueError, match="unknown memory pooling"):
+    with pytest.raises(ValueError, match="algorithm.mem_pooling: unknown choice 'episode'"):
         pool_key(group.episodes[0], 1, "episode")
 
 
