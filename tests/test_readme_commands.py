@@ -18,8 +18,9 @@ For each shell line in the README's code blocks:
 - any other line (``serve deploy``, ``kubectl apply``, ``python bench/...``): the repository paths it
   names exist.
 
-Also every repository path and local link the README mentions (code or prose) exists, with the\nheading a link's #anchor names, and no doc cites a ``../shared`` path. A failure
-names the README line. No Ray, no model: a few seconds (importing the scorer's module imports torch).
+Also every repository path and local link the README mentions (code or prose) exists, with the
+heading a link's #anchor names, and no doc cites a ``../shared`` path. A failure names the README
+line. No Ray, no model: a few seconds (importing the scorer's module imports torch).
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ class _Parsed(BaseException):
 
 
 class _Loaded(BaseException):
+    """Raised right after ``load_config`` validated a config (for subcommands without argparse: world, config)."""
+
     def __init__(self, cfg):
         self.cfg = cfg
 
