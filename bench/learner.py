@@ -14,6 +14,11 @@ medians of ``--repeats`` steps of each, taken in turns in the same run (a single
 +-0.1 on 2 cores).
 
     .venv/bin/python bench/learner.py [--prompts 8] [--big-prompts 1] [--repeats 5]
+
+Peak memory per micro-batch token budget (tiny model and SmolLM2-135M; chunked log-probs, activation
+checkpointing, bf16 with fp32 masters) is the ``memory`` mode, measured by bench/learner_memory.py:
+
+    .venv/bin/python bench/learner.py memory [--budgets 1024 2048 4096] [--models tiny smollm2]
 """
 
 from __future__ import annotations
@@ -136,6 +141,12 @@ def measure(cfg, model_dir: str, tb, world_size: int, repeats: int, plain) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["memory"]:  # peak memory per token budget: its own subprocess per configuration
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import learner_memory
+
+        return learner_memory.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=8, help="tiny model: prompts (x4 episodes) in the batch")
     ap.add_argument("--big-prompts", type=int, default=1, help="~100M model: prompts (x4 episodes) in the batch; 0 skips it")
