@@ -72,7 +72,7 @@ def all_rules() -> tuple[tuple[str, str], ...]:
     return tuple((f, a) for f in FILTERS for a in AVERAGES)
 
 from services.learner.advantages import MEM_POOLINGS  # noqa: E402  (the learner's pool choices)
-from services.scorer.retention import auc  # noqa: E402  (P(pos > neg) + ties/2, the retention check's)
+from services.common.retention import auc  # noqa: E402  (P(pos > neg) + ties/2, the retention check's)
 
 
 def policy_dir(cfg, spec: str) -> Path:
@@ -114,7 +114,7 @@ def score_group(model, tok, tt, cfg, group, template: str) -> list[dict]:
     ``MemoryScorer.score_trajectories`` builds and scores them (same trees, same branches)."""
     from services.scorer.continuation import build_continuation, gold_answers
     from services.scorer.packing import Branch, tree_logprobs
-    from services.scorer.retention import shown_answers
+    from services.common.retention import shown_answers
 
     cont = build_continuation(tok, template, gold_answers(group.prompt.golds), tt, cfg.scorer.gold_joiner)
     budget = cfg.scorer.token_budget
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from services.common.config import load_config
-    from services.rollout.token_text import TokenText
+    from services.common.token_text import TokenText
     from services.search_tool.bm25_index import BM25Index
     from services.common.paths import index_dir, world_dir
     from services.world.build import prepare_world

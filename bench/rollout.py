@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.common.messages import PromptBatch
     from services.rollout.agent import AgentLoop
     from services.rollout.engine import PolicyEngine
-    from services.search_tool.client import SearchClient
+    from services.rollout.search_client import SearchClient
     from services.search_tool.service import search_app
     from services.world.build import build_world
     from tests.rollout.grammar_model import grammar_model

@@ -1,19 +1,34 @@
 """The packages of services/ import only downward, function-local imports included.
 
-    common < search_tool < rollout < scorer < learner < world < pipeline < cli
+    common < {search_tool, rollout, scorer, learner} < world < pipeline < cli
 
-A package may import itself and the packages below it. The services (common .. learner) never
-import the world: the pipeline builds it and deploys concrete paths (services/common/paths.py).
-The world generates with the services' code (BM25 index, rewards, formatting). A strict order over
-packages also rules out import cycles between them.
+The four services stand side by side on one floor above common: each imports common and itself,
+never another service (they talk only through the protocol's messages, by handle or over HTTP), so
+each can be read, tested and redeployed alone. What two of them share lives below them in common:
+``token_text`` (the rollout's and the scorer's token positions), ``retention`` (the scorer's labels,
+the learner's metrics), ``rewards``, ``passage_format``, the protocol and the config.
+
+No service imports the world: the pipeline builds it and deploys concrete paths
+(services/common/paths.py). The world sits above the services but uses their code only where it
+must (``WORLD_USES``): it writes the search tool's BM25 index, and records the oracle's episodes
+exactly as the rollout records its own.
+
+Every import goes to a strictly lower floor, so no chain of imports can come back to where it
+started: there are no import cycles between packages.
 """
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("common", "search_tool", "rollout", "scorer", "learner", "world", "pipeline", "cli")
-RANK = {name: i for i, name in enumerate(LAYERS)}
+SERVICES = ("search_tool", "rollout", "scorer", "learner")
+FLOORS = (("common",), SERVICES, ("world",), ("pipeline",), ("cli",))
+FLOOR = {name: i for i, floor in enumerate(FLOORS) for name in floor}
+# The services' modules the world may import, each with its reason; nothing else of theirs.
+WORLD_USES = {
+    "services.search_tool.bm25_index": "the world builds the index the search tool loads; its oracle searches it",
+    "services.rollout.records": "oracle transcripts become episodes exactly as the rollout records its own",
+}
 
 
 def _package(module: str) -> str | None:
@@ -37,8 +52,8 @@ def _imports(path: Path, root: Path) -> list[tuple[int, str]]:
     return out
 
 
-def package_imports(root: Path = ROOT) -> list[tuple[str, str, str]]:
-    """(importing package, imported package, 'file:line') for every cross-package import."""
+def module_imports(root: Path = ROOT) -> list[tuple[str, str, str]]:
+    """(importing package, imported module, 'file:line') for every import of another package."""
     edges = []
     for path in sorted((root / "services").rglob("*.py")):
         own = _package(".".join(path.relative_to(root).with_suffix("").parts))
@@ -47,19 +62,40 @@ def package_imports(root: Path = ROOT) -> list[tuple[str, str, str]]:
         for line, module in _imports(path, root):
             other = _package(module)
             if other is not None and other != own:
-                edges.append((own, other, f"{path.relative_to(root)}:{line}"))
+                edges.append((own, module, f"{path.relative_to(root)}:{line}"))
     return edges
 
 
-def test_every_package_has_a_layer():
+def package_imports(root: Path = ROOT) -> list[tuple[str, str, str]]:
+    """(importing package, imported package, 'file:line') for every cross-package import."""
+    return [(own, _package(module), where) for own, module, where in module_imports(root)]
+
+
+def test_every_package_has_a_floor():
     found = {p.stem if p.is_file() else p.name for p in (ROOT / "services").iterdir()
              if (p.is_dir() and (p / "__init__.py").is_file()) or (p.suffix == ".py" and p.stem != "__init__")}
-    assert found == set(LAYERS), f"add new packages to LAYERS: {sorted(found ^ set(LAYERS))}"
+    assert found == set(FLOOR), f"add new packages to FLOORS: {sorted(found ^ set(FLOOR))}"
 
 
 def test_packages_import_only_downward():
-    upward = [f"{where}: {own} imports {other}" for own, other, where in package_imports() if RANK[other] > RANK[own]]
-    assert not upward, "imports against the layer order " + " < ".join(LAYERS) + ":\n" + "\n".join(upward)
+    order = " < ".join("{" + ", ".join(f) + "}" if len(f) > 1 else f[0] for f in FLOORS)
+    wrong = [f"{where}: {own} imports {other}" + (" (side by side)" if FLOOR[other] == FLOOR[own] else "")
+             for own, other, where in package_imports() if FLOOR[other] >= FLOOR[own]]
+    assert not wrong, f"imports against the floors {order}:\n" + "\n".join(wrong)
+
+
+def test_the_services_import_no_other_service():
+    sideways = [f"{where}: {own} imports {other}" for own, other, where in package_imports()
+                if own in SERVICES and other in SERVICES]
+    assert not sideways, ("a service imports another; move what they share into services/common/:\n"
+                          + "\n".join(sideways))
+
+
+def test_the_world_uses_the_services_only_where_it_must():
+    used = {(module, where) for own, module, where in module_imports() if own == "world" and _package(module) in SERVICES}
+    extra = sorted(f"{where}: world imports {module}" for module, where in used if module not in WORLD_USES)
+    assert not extra, "the world imports a service module outside WORLD_USES (move it to common):\n" + "\n".join(extra)
+    assert {m for m, _ in used} == set(WORLD_USES), "WORLD_USES names a module the world no longer imports"
 
 
 def test_the_check_sees_function_local_relative_and_package_imports(tmp_path):
@@ -69,3 +105,5 @@ def test_the_check_sees_function_local_relative_and_package_imports(tmp_path):
                      "from ..learner import loss\nfrom . import agent\nimport services.common.codec\n")
     edges = {(own, other) for own, other, _where in package_imports(tmp_path)}
     assert edges == {("rollout", "scorer"), ("rollout", "world"), ("rollout", "learner"), ("rollout", "common")}
+    modules = {module for _own, module, _where in module_imports(tmp_path)}
+    assert modules == {"services.scorer", "services.world.build", "services.learner", "services.common.codec"}

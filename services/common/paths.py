@@ -30,7 +30,7 @@ FORMAT_VERSION = 1  # bump when the layout of a built world changes
 GENERATOR_MODULES = ("services/world/entities.py", "services/world/relations.py", "services/world/corpus.py",
                      "services/world/questions.py", "services/world/oracle.py", "services/world/tokenizer.py",
                      "services/world/tiny_model.py", "services/world/pretrain.py", "services/search_tool/bm25_index.py",
-                     "services/search_tool/formatting.py", "services/common/turn_format.py")
+                     "services/common/passage_format.py", "services/common/turn_format.py")
 WORLD = "world"  # the value of a path field that names the embedded world's file
 _ROOT = Path(__file__).resolve().parents[2]
 

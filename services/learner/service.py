@@ -32,8 +32,8 @@ from services.common.codec import decode
 from services.common.config import MempoConfig, actor_options, replica_config
 from services.common.messages import MemoryScoreBatch, TrajectoryBatch
 from services.common.paths import model_path
+from services.common.retention import retention_metrics
 from services.common.serve_version import pinned
-from services.scorer.retention import retention_metrics
 
 log = logging.getLogger("mempo.learner")
 
@@ -69,7 +69,7 @@ def stage_metrics(trajs: list[TrajectoryBatch], scores: list[MemoryScoreBatch], 
         for key in ("p_mem_mean", "p_full_mean", "r_mem_mean"):
             weighted = sum(s.metrics.get(key, 0.0) * s.metrics.get("blocks", 0.0) for s in scores)
             out[f"scorer/{key}"] = weighted / max(blocks, 1.0)
-        # does R_mem track retention? over every block of the step (services/scorer/retention.py)
+        # does R_mem track retention? over every block of the step (services/common/retention.py)
         every = [x for s in scores for x in s.scores]
         out.update({f"scorer/{k}": v for k, v in retention_metrics([x.r_mem for x in every],
                                                                    [x.retained for x in every]).items()})

@@ -29,7 +29,7 @@ from services.common.messages import Episode, Prompt, PromptBatch, RolloutGroup,
 from services.common.turn_format import render_information
 from services.rollout.engine import PolicyEngine
 from services.rollout.records import EpisodeBuilder
-from services.search_tool.client import SearchClient
+from services.rollout.search_client import SearchClient
 
 
 def turn_seed(batch_seed: int, prompt_uid: str, sample: int, turn: int) -> int:

@@ -14,8 +14,8 @@ from services.common.chat_turns import after_eos, resolve_observation_template
 from services.common.config import MempoConfig
 from services.common.messages import Episode, Prompt, TurnRecord
 from services.common.model_io import chat_ids
+from services.common.token_text import TokenText, clean
 from services.rollout.parser import ParsedTurn, parse_turn
-from services.rollout.token_text import TokenText, clean
 
 
 class EpisodeBuilder:

@@ -43,7 +43,7 @@ class RolloutService:
 
         from services.rollout.agent import AgentLoop
         from services.rollout.engine import PolicyEngine
-        from services.search_tool.client import SearchClient
+        from services.rollout.search_client import SearchClient
 
         cfg = MempoConfig.model_validate(config)
         model_dir = model_path(cfg)

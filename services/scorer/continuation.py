@@ -29,7 +29,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from services.common.model_io import mixed_ids
-from services.rollout.token_text import TokenText
+from services.common.token_text import TokenText
 
 
 @dataclass

@@ -30,14 +30,14 @@ import time
 import numpy as np
 
 from services.common.config import MempoConfig, ScorerConfig, fields_marked
+from services.common.memory_reward import memory_reward
+from services.common.memory_sections import memory_sections
 from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch
 from services.common.model_io import chat_ids, text_ids
-from services.common.memory_sections import memory_sections
-from services.rollout.token_text import TokenText
+from services.common.retention import retention_labels, shown_answers
+from services.common.token_text import TokenText
 from services.scorer.continuation import Continuation, build_continuation, gold_answers
-from services.common.memory_reward import memory_reward
 from services.scorer.packing import Branch, tree_logprobs
-from services.scorer.retention import retention_labels, shown_answers
 
 log = logging.getLogger("mempo.scorer")
 

@@ -36,9 +36,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from services.common.passage_format import DEFAULT_DOC_FORMAT, format_passages, split_contents
+from services.common.rewards import multi_objective_em
 from services.common.turn_format import FINAL_THINK, render_information, render_turn
-from services.learner.rewards import multi_objective_em
-from services.search_tool.formatting import DEFAULT_DOC_FORMAT, format_passages, split_contents
 from services.world.questions import Question
 from services.world.relations import OBJECT_KIND, RELATIONS
 

@@ -121,7 +121,7 @@ def sp_tok(tmp_path_factory):
     ("{gold}", "Reed College"),  # starts with the answer: no dummy-prefix "▁" before it
 ])
 def test_sentencepiece_continuation_and_its_answer_span(sp_tok, template, gold):
-    from services.rollout.token_text import TokenText
+    from services.common.token_text import TokenText
 
     tt = TokenText(sp_tok)
     c = build_continuation(sp_tok, template, gold)

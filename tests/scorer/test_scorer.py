@@ -84,8 +84,8 @@ def test_a_gold_without_a_continuation_skips_its_group_not_the_batch(setup, tiny
 
 
 def test_shown_answers_only_scores_the_questions_the_history_had_shown(setup, tiny_cfg):
-    from services.rollout.token_text import TokenText
-    from services.scorer.retention import shown_answers
+    from services.common.retention import shown_answers
+    from services.common.token_text import TokenText
 
     tok, model, batch = setup
     cfg = tiny_cfg.model_copy(deep=True)
@@ -110,8 +110,8 @@ def test_shown_answers_only_scores_the_questions_the_history_had_shown(setup, ti
 
 
 def test_each_block_carries_its_questions_own_reward_and_memory_sections(setup, tiny_cfg):
-    from services.rollout.token_text import TokenText
-    from services.scorer.retention import shown_answers
+    from services.common.retention import shown_answers
+    from services.common.token_text import TokenText
 
     tok, model, batch = setup
     cfg = tiny_cfg.model_copy(deep=True)
@@ -149,7 +149,7 @@ def test_each_block_carries_its_questions_own_reward_and_memory_sections(setup, 
 
 def test_section_spans_on_odd_memories(setup):
     from services.common.model_io import text_ids
-    from services.rollout.token_text import TokenText
+    from services.common.token_text import TokenText
     from services.scorer.scorer import section_spans
 
     tok, _, _ = setup

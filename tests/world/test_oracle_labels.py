@@ -8,8 +8,8 @@ import random
 import pandas as pd
 import pytest
 
+from services.common.passage_format import split_contents
 from services.search_tool.bm25_index import BM25Index
-from services.search_tool.formatting import split_contents
 from services.world.oracle import BEHAVIOURS, DISTRACTOR_VALUES, LOSSY_BEHAVIOURS, OracleAgent
 from services.world.questions import questions_of
 from services.world.relations import RELATIONS

@@ -11,9 +11,9 @@ from transformers import AutoTokenizer
 
 from services.common.config import load_config
 from services.common.jsonl import read_jsonl
+from services.common.passage_format import split_contents
 from services.common.paths import world_key
 from services.search_tool.bm25_index import BM25Index
-from services.search_tool.formatting import split_contents
 from services.world.build import build_world, load_manifest
 from services.world.entities import generate_world
 from services.world.oracle import BEHAVIOURS, OracleAgent

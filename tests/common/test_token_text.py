@@ -3,8 +3,8 @@
 import pytest
 from transformers import AutoTokenizer
 
+from services.common.token_text import TokenText, clean
 from services.rollout.parser import parse_turn
-from services.rollout.token_text import TokenText, clean
 
 TEXTS = [
     "<mem>\nAda Brenn was born in Kalton.\n</mem>\n<think>\nNow the country.\n</think>\n<search>\nKalton country\n</search>",
@@ -54,7 +54,7 @@ def test_special_tokens_decode_as_their_text(qwen_tokenizer):
 
 # -- any tokenizer: the bytes of every token come from the tokenizer's own decoder ------------------------
 
-def _gpt2_bytes(tok, token_id, table=__import__("services.rollout.token_text", fromlist=["_"])._byte_decoder()):
+def _gpt2_bytes(tok, token_id, table=__import__("services.common.token_text", fromlist=["_"])._byte_decoder()):
     """The byte-level rule as it was before token texts came from the decoder: the reference."""
     piece = tok.convert_ids_to_tokens(token_id)
     special = token_id in set(tok.all_special_ids) | set(tok.added_tokens_decoder)

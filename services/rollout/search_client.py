@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from services.common.config import SearchConfig
+from services.common.passage_format import format_passages
 from services.common.turn_format import render_information
-from services.search_tool.formatting import format_passages
 
 log = logging.getLogger("mempo.search")
 FAILED_SEARCH = "Search failed: the search service did not answer ({reason}). Answer with what you know or search again."

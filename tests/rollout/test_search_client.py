@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from services.common.config import load_config
-from services.search_tool.client import SearchClient
+from services.rollout.search_client import SearchClient
 
 
 def _cfg(**kw):
