@@ -74,6 +74,13 @@ def section_spans(tt: TokenText, response_ids, mem_start: int, mem_end: int, k: 
     return out
 
 
+def scored_blocks(group) -> list[tuple[int, int]]:
+    """(episode, turn) of every <mem> block a group's memory reward scores: a turn >= 2 (turn 1 has no
+    history to compress, as in the reference), in episode then turn order."""
+    return [(ei, ti) for ei, ep in enumerate(group.episodes) for ti, t in enumerate(ep.turns)
+            if t.mem_start >= 0 and t.turn >= 2]
+
+
 class MemoryScorer:
     def __init__(self, model, tokenizer, cfg: MempoConfig):
         self.model = model
@@ -91,6 +98,9 @@ class MemoryScorer:
                              c.logp_floor, questions)
 
     def score_trajectories(self, batch: TrajectoryBatch, version: int) -> MemoryScoreBatch:
+        """Every scored block of the batch (:func:`scored_blocks`), group by group: the answer after
+        each block's full history (one tree per episode), after its memory (one tree per group), then
+        the block's rewards, over all its questions and per question."""
         t0 = time.perf_counter()
         stats: dict = {}
         scores: list[MemoryScore] = []
@@ -102,54 +112,14 @@ class MemoryScorer:
                 skipped += 1
                 log.warning("group %d skipped: no answer continuation for its gold (%s)", gi, e)
                 continue
-            a0, a1, k = cont.answer_start, cont.answer_end, len(cont.question_spans())
-            blocks = [(ei, ti) for ei, ep in enumerate(group.episodes) for ti, t in enumerate(ep.turns)
-                      if t.mem_start >= 0 and t.turn >= 2]
+            blocks = scored_blocks(group)
             if not blocks:
                 continue
-            # full contexts: one tree per episode
-            full_lp: dict[tuple[int, int], np.ndarray] = {}
-            for ei, ep in enumerate(group.episodes):
-                mine = [ti for e, ti in blocks if e == ei]
-                if not mine:
-                    continue
-                branches = [Branch(int(ep.turns[ti].full_prefix_len), cont.ids) for ti in mine]
-                for ti, lp in zip(mine, tree_logprobs(self.model, ep.full_ids.tolist(), branches,
-                                                      self.cfg.token_budget, stats)):
-                    full_lp[(ei, ti)] = lp[a0:a1]
-            # mem contexts: one tree per group, hanging off the shared system + question prompt
-            first = group.episodes[blocks[0][0]].prompt_ids
-            if any(not np.array_equal(group.episodes[ei].prompt_ids, first) for ei in {e for e, _ in blocks}):
-                raise ValueError(f"group {gi}: episodes of one prompt have different prompt_ids")
-            prompt = first.tolist()
-            mems = []
-            for ei, ti in blocks:
-                t = group.episodes[ei].turns[ti]
-                mems.append(t.response_ids[t.mem_start:t.mem_end].tolist())
-            branches = [Branch(len(prompt), m + cont.ids) for m in mems]
-            mem_lps = tree_logprobs(self.model, prompt, branches, self.cfg.token_budget, stats)
-            shown = shown_answers(self.tt, group, blocks) if self.tt is not None else [{}] * len(blocks)
-            retained = (retention_labels(self.tt, group, blocks, shown) if self.tt is not None
-                        else [-1] * len(blocks))  # no tokenizer (synthetic ids): nothing to judge
-            for (ei, ti), m, lp, kept, found in zip(blocks, mems, mem_lps, retained, shown):
-                if self.cfg.scored_answers == "shown" and not found:
-                    unshown += 1  # nothing to remember yet: no score, so no memory advantage
-                    continue
-                mem = lp[len(m) + a0:len(m) + a1]
-                only = sorted(found) if self.cfg.scored_answers == "shown" else None  # None: every question
-                r = self.reward(full_lp[(ei, ti)], mem, cont, only)
-                per_q = np.full(k, np.nan, np.float32)
-                for q in only if only is not None else range(k):
-                    per_q[q] = self.reward(full_lp[(ei, ti)], mem, cont, [q]).r_mem
-                t = group.episodes[ei].turns[ti]
-                spans = (section_spans(self.tt, t.response_ids, t.mem_start, t.mem_end, k) if self.tt is not None
-                         else np.zeros((0, 2), np.int32))
-                scores.append(MemoryScore(group=gi, episode=ei, turn=ti,
-                                          answer_ids=np.asarray(cont.answer_ids, np.int32),
-                                          full_logp=full_lp[(ei, ti)].astype(np.float32), mem_logp=mem.astype(np.float32),
-                                          full_keep=r.full_keep, mem_keep=r.mem_keep,
-                                          p_full=r.p_full, p_mem=r.p_mem, r_mem=r.r_mem, retained=kept,
-                                          question_r_mem=per_q, question_spans=spans))
+            full_lp = self.full_context_logprobs(group, blocks, cont, stats)
+            mem_lp = self.memory_logprobs(gi, group, blocks, cont, stats)
+            group_scores, group_unshown = self.block_scores(gi, group, blocks, cont, full_lp, mem_lp)
+            scores += group_scores
+            unshown += group_unshown
         n = max(1, len(scores))
         metrics = {"blocks": float(len(scores)), "golds_skipped": float(skipped), "blocks_unshown": float(unshown),
                    "forwards": float(stats.get("forwards", 0)),
@@ -158,6 +128,78 @@ class MemoryScorer:
                    "r_mem_mean": sum(s.r_mem for s in scores) / n}
         return MemoryScoreBatch(scores=scores, policy_version=version, step=batch.step, metrics=metrics,
                                 **self.rule())
+
+    def full_context_logprobs(self, group, blocks: list[tuple[int, int]], cont: Continuation,
+                              stats: dict) -> dict[tuple[int, int], np.ndarray]:
+        """The answer's log-probs after each block's full context, by (episode, turn): one tree per
+        episode, each block's continuation hanging off its prefix of the episode's full history."""
+        a0, a1 = cont.answer_start, cont.answer_end
+        full_lp: dict[tuple[int, int], np.ndarray] = {}
+        for ei, ep in enumerate(group.episodes):
+            mine = [ti for e, ti in blocks if e == ei]
+            if not mine:
+                continue
+            branches = [Branch(int(ep.turns[ti].full_prefix_len), cont.ids) for ti in mine]
+            for ti, lp in zip(mine, tree_logprobs(self.model, ep.full_ids.tolist(), branches,
+                                                  self.cfg.token_budget, stats)):
+                full_lp[(ei, ti)] = lp[a0:a1]
+        return full_lp
+
+    def memory_logprobs(self, gi: int, group, blocks: list[tuple[int, int]], cont: Continuation,
+                        stats: dict) -> list[np.ndarray]:
+        """The answer's log-probs after each block's mem context, in ``blocks`` order: one tree per
+        group, every memory hanging off the system + question prompt its episodes share."""
+        first = group.episodes[blocks[0][0]].prompt_ids
+        if any(not np.array_equal(group.episodes[ei].prompt_ids, first) for ei in {e for e, _ in blocks}):
+            raise ValueError(f"group {gi}: episodes of one prompt have different prompt_ids")
+        prompt = first.tolist()
+        mems = []
+        for ei, ti in blocks:
+            t = group.episodes[ei].turns[ti]
+            mems.append(t.response_ids[t.mem_start:t.mem_end].tolist())
+        branches = [Branch(len(prompt), m + cont.ids) for m in mems]
+        mem_lps = tree_logprobs(self.model, prompt, branches, self.cfg.token_budget, stats)
+        a0, a1 = cont.answer_start, cont.answer_end
+        return [lp[len(m) + a0:len(m) + a1] for m, lp in zip(mems, mem_lps)]
+
+    def block_scores(self, gi: int, group, blocks: list[tuple[int, int]], cont: Continuation,
+                     full_lp: dict[tuple[int, int], np.ndarray], mem_lp: list[np.ndarray]
+                     ) -> tuple[list[MemoryScore], int]:
+        """The group's block scores, and how many blocks went unscored because their history had shown
+        no gold answer yet (``scorer.scored_answers=shown``: nothing to remember, so no memory advantage)."""
+        shown = shown_answers(self.tt, group, blocks) if self.tt is not None else [{}] * len(blocks)
+        retained = (retention_labels(self.tt, group, blocks, shown) if self.tt is not None
+                    else [-1] * len(blocks))  # no tokenizer (synthetic ids): nothing to judge
+        scores: list[MemoryScore] = []
+        unshown = 0
+        for (ei, ti), mem, kept, found in zip(blocks, mem_lp, retained, shown):
+            if self.cfg.scored_answers == "shown" and not found:
+                unshown += 1
+                continue
+            only = sorted(found) if self.cfg.scored_answers == "shown" else None  # None: every question
+            full = full_lp[(ei, ti)]
+            r = self.reward(full, mem, cont, only)
+            t = group.episodes[ei].turns[ti]
+            k = len(cont.question_spans())
+            spans = (section_spans(self.tt, t.response_ids, t.mem_start, t.mem_end, k) if self.tt is not None
+                     else np.zeros((0, 2), np.int32))
+            scores.append(MemoryScore(group=gi, episode=ei, turn=ti,
+                                      answer_ids=np.asarray(cont.answer_ids, np.int32),
+                                      full_logp=full.astype(np.float32), mem_logp=mem.astype(np.float32),
+                                      full_keep=r.full_keep, mem_keep=r.mem_keep,
+                                      p_full=r.p_full, p_mem=r.p_mem, r_mem=r.r_mem, retained=kept,
+                                      question_r_mem=self.question_rewards(full, mem, cont, only),
+                                      question_spans=spans))
+        return scores, unshown
+
+    def question_rewards(self, full: np.ndarray, mem: np.ndarray, cont: Continuation, only) -> np.ndarray:
+        """Each question's own R_mem (its answer span alone, under the same rule), for the questions in
+        ``only`` (None: every one); NaN for a question not scored."""
+        k = len(cont.question_spans())
+        per_q = np.full(k, np.nan, np.float32)
+        for q in only if only is not None else range(k):
+            per_q[q] = self.reward(full, mem, cont, [q]).r_mem
+        return per_q
 
     def rule(self) -> dict:
         """The reward's rule as configured (the scorer config's RULE fields): every score echoes it."""
