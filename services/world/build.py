@@ -78,11 +78,25 @@ def _oracle_data(cfg: MempoConfig, train_rows: list[dict], index: BM25Index, pro
     return out
 
 
+class _Stages:
+    """The build's progress bar and each stage's seconds (timings vary run to run, so they go to
+    build_log.json, apart from the byte-deterministic outputs)."""
+
+    def __init__(self, progress: bool):
+        self.timings: dict[str, float] = {}
+        self.bar = tqdm(total=7, desc="building world", disable=not progress)
+        self.start = self.t = time.perf_counter()
+
+    def done(self, name: str) -> None:
+        self.timings[name] = round(time.perf_counter() - self.t, 3)
+        self.bar.set_postfix_str(name)
+        self.bar.update(1)
+        self.t = time.perf_counter()
+
+
 def build_world(cfg: MempoConfig, force: bool = False, progress: bool = True) -> Path:
     """Build the world for ``cfg`` unless an identical one is cached; returns its directory."""
     from services.world.qwen_tokenizer import build_qwen_tokenizer
-    from services.world.tiny_model import save_tiny_model
-    from services.world.tokenizer import train_tokenizer
 
     final = world_dir(cfg)
     build_qwen_tokenizer(qwen_tokenizer_path(cfg))  # config-independent; cached after the first build
@@ -92,58 +106,80 @@ def build_world(cfg: MempoConfig, force: bool = False, progress: bool = True) ->
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    timings: dict[str, float] = {}
-    steps = tqdm(total=7, desc="building world", disable=not progress)
+    stages = _Stages(progress)
+    world, rows, train, test, oracle = _write_data(cfg, tmp, stages, progress)
+    tokenizer, pretrain_stats = _write_model(cfg, tmp, rows, train, oracle, stages, progress)
+    stages.bar.close()
+    manifest = _manifest(cfg, final.name, world, rows, train, test, oracle, tokenizer, pretrain_stats)
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    build_log = {"timings_s": stages.timings, "build_s": round(time.perf_counter() - stages.start, 3),
+                 "pretrain": pretrain_stats}
+    (tmp / "build_log.json").write_text(json.dumps(build_log, indent=1))
+    _publish(tmp, final)
+    log.info("world %s built in %.1fs", final, build_log["build_s"])
+    return final
 
-    def stage(name: str, t0: float) -> float:
-        timings[name] = round(time.perf_counter() - t0, 3)
-        steps.set_postfix_str(name)
-        steps.update(1)
-        return time.perf_counter()
 
-    t = t_start = time.perf_counter()
+def _write_data(cfg: MempoConfig, tmp: Path, stages: _Stages, progress: bool):
+    """The world's data into ``tmp``: entity graph, corpus and its BM25 index, question sets, oracle
+    trajectories; returns (world, corpus rows, train, test, oracle records)."""
     world = generate_world(cfg.world)
     (tmp / "world.json").write_text(json.dumps(world.to_dict(), indent=1))
-    t = stage("graph", t)
+    stages.done("graph")
 
     rows, page_ids = build_corpus(world, cfg.world)
     write_jsonl(rows, tmp / "corpus.jsonl")
     index = BM25Index.build(rows)
     index.save(tmp / "index" / "bm25")
-    t = stage("corpus+index", t)
+    stages.done("corpus+index")
 
     train, test = build_question_sets(world, cfg.world, cfg.rollout.system_prompt, page_ids)
     train.to_parquet(tmp / "train.parquet", index=False)
     test.to_parquet(tmp / "test.parquet", index=False)
-    t = stage("questions", t)
+    stages.done("questions")
 
     oracle = _oracle_data(cfg, train.to_dict("records"), index, progress)
     with open(tmp / "oracle.jsonl", "w", encoding="utf-8") as f:
         for r in oracle:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    t = stage("oracle", t)
+    stages.done("oracle")
+    return world, rows, train, test, oracle
+
+
+def _write_model(cfg: MempoConfig, tmp: Path, rows: list[dict], train, oracle: list[dict], stages: _Stages,
+                 progress: bool):
+    """The world's model into ``tmp / "model"``: a BPE tokenizer trained on the world's text, the tiny
+    Qwen2 model, and its pretraining on that text when ``world.pretrain_tokens > 0`` (the base the SFT
+    cold start begins from, services/world/pretrain.py); returns (tokenizer, pretraining stats or None)."""
+    # imported here: torch, transformers and tokenizers load only when a world is built
+    from services.world.tiny_model import save_tiny_model
+    from services.world.tokenizer import train_tokenizer
 
     texts = [r["contents"] for r in rows]
     texts += [cfg.rollout.system_prompt] + [m["content"] for p in train["prompt"] for m in p[1:]]
     texts += [m["content"] for r in oracle for m in r["messages"][1:]]
     tokenizer = train_tokenizer(texts, cfg.world.tokenizer_vocab_size)
-    t = stage("tokenizer", t)
+    stages.done("tokenizer")
 
     save_tiny_model(cfg.model, tokenizer, tmp / "model")
-    t = stage("model", t)
+    stages.done("model")
 
     pretrain_stats = None
-    if cfg.world.pretrain_tokens > 0:  # the base the SFT cold start begins from (services/world/pretrain.py)
+    if cfg.world.pretrain_tokens > 0:
         from services.world.pretrain import pretrain
 
         docs = [r["contents"] for r in rows]
         docs += [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in oracle]
         pretrain_stats = pretrain(tmp / "model", docs, cfg.world, progress=progress)
-    t = stage("pretrain", t)
-    steps.close()
+    stages.done("pretrain")
+    return tokenizer, pretrain_stats
 
-    manifest = {
-        "key": final.name,
+
+def _manifest(cfg: MempoConfig, key: str, world, rows: list[dict], train, test, oracle: list[dict], tokenizer,
+              pretrain_stats: dict | None) -> dict:
+    """manifest.json: the world's key, format, seed, counts and oracle EM (no timings: byte-deterministic)."""
+    return {
+        "key": key,
         "format": FORMAT_VERSION,
         "seed": cfg.world.seed,
         "counts": {"countries": len(world.countries), "cities": len(world.cities),
@@ -154,10 +190,11 @@ def build_world(cfg: MempoConfig, force: bool = False, progress: bool = True) ->
         "pretrain_tokens": pretrain_stats["tokens"] if pretrain_stats else 0,
         "world_config": cfg.world.model_dump(exclude={"dir"}),
     }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    # timings vary run to run, so they live apart from the (byte-deterministic) outputs
-    build_log = {"timings_s": timings, "build_s": round(time.perf_counter() - t_start, 3), "pretrain": pretrain_stats}
-    (tmp / "build_log.json").write_text(json.dumps(build_log, indent=1))
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the complete build to its key's folder (replacing a forced rebuild's old one); a
+    concurrent builder that finished first wins."""
     if final.exists():  # force rebuild (or a concurrent builder finished first)
         shutil.rmtree(final)
     try:
@@ -166,8 +203,6 @@ def build_world(cfg: MempoConfig, force: bool = False, progress: bool = True) ->
         if not is_built(final):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info("world %s built in %.1fs", final, build_log["build_s"])
-    return final
 
 
 def load_manifest(path: Path) -> dict:
