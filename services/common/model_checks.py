@@ -11,9 +11,11 @@ parameters is taken to be pretrained; above ``SAFE_LR`` for its phase the settin
 
 from __future__ import annotations
 
+from math import prod
 from pathlib import Path
 
 from services.common.config import MempoConfig
+from services.common.model_io import checkpoint_shapes
 
 PRETRAINED_PARAMS = 20_000_000
 SAFE_LR = {"learner.sft_lr": 1e-4, "learner.lr": 2e-5}  # deploy/configs/smollm2.yaml stays below both
@@ -21,10 +23,6 @@ SAFE_LR = {"learner.sft_lr": 1e-4, "learner.lr": 2e-5}  # deploy/configs/smollm2
 
 def param_count(model_dir: str | Path) -> int:
     """Parameters of a saved Hugging Face model, from its safetensors headers (nothing is loaded)."""
-    from math import prod
-
-    from services.common.model_io import checkpoint_shapes
-
     return sum(prod(shape) for shape in checkpoint_shapes(Path(model_dir)).values())
 
 

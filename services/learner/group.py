@@ -20,6 +20,7 @@ import ray
 from services.common.codec import encode
 from services.common.config import MempoConfig, actor_options, learner_worker_gpus
 from services.common.messages import TrainingBatch
+from services.learner.checkpoint import latest_complete, step_dir
 from services.learner.rendezvous import LOOPBACK, NODE
 from services.learner.worker import LearnerWorker
 
@@ -84,8 +85,6 @@ class LearnerGroup:
         self._all("set_lr", lr)
 
     def save_checkpoint(self, run_dir: str, step: int, extra: dict | None = None) -> str:
-        from services.learner.checkpoint import step_dir
-
         path = str(step_dir(run_dir, step))
         self._all("save_checkpoint", path, extra or {})
         return path
@@ -93,8 +92,6 @@ class LearnerGroup:
     def resume(self, run_dir: str) -> dict | None:
         """Load the latest complete checkpoint of ``run_dir`` (``learner.resume: auto``); None if
         there is none. Returns {"step", "extra"} (the driver's data position and the like)."""
-        from services.learner.checkpoint import latest_complete
-
         path = latest_complete(run_dir)
         if path is None or self.cfg.learner.resume == "never":
             return None
@@ -103,7 +100,7 @@ class LearnerGroup:
     def export_hf(self, out_dir: str, source_dir: str) -> str:
         """A plain Hugging Face directory (save_pretrained + tokenizer) of the current policy, for
         vLLM and users. ``source_dir`` gives the config and tokenizer. Written beside and renamed."""
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # transformers on use
 
         state = self.full_state_dict()  # in model.dtype: the export's dtype, whatever the source folder's
         dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)

@@ -29,6 +29,7 @@ from services.common.codec import decode
 from services.common.config import MempoConfig
 from services.common.messages import TrainingBatch
 from services.common.model_io import model_dtype
+from services.learner.checkpoint import load_sharded, save_sharded
 from services.learner.rendezvous import LOOPBACK, group_store, listen
 from services.learner.logprobs import token_logprobs
 from services.learner.memory import available_bytes, budget_advice, estimate_peak
@@ -60,7 +61,7 @@ class LearnerWorker:
 
     def join(self, host: str, port: int) -> int:
         """Join the group at rank 0's (host, port), shard the policy (and the reference); returns the pid."""
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # torch.distributed on use, in the ranks
 
         rank, world, model_dir = self.rank, self.world, self.model_dir
         lc = self.cfg.learner
@@ -90,7 +91,7 @@ class LearnerWorker:
     def _check_memory(self, dtype: torch.dtype, device: str) -> None:
         """Log the estimated peak of this rank; warn, naming settings that fit, when it exceeds the memory
         available (on CPU without a Ray address every rank shares this machine's)."""
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # transformers on use
 
         lc = self.cfg.learner
         hf = AutoConfig.from_pretrained(self.model_dir)
@@ -208,7 +209,7 @@ class LearnerWorker:
     def full_state_dict(self) -> dict | None:
         """Collective: every rank must call it; rank 0 gets the full CPU state dict in ``model.dtype``
         (what vLLM, the scorer and exports load; the fp32 masters stay here), others None."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # on use (see join)
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
@@ -228,14 +229,10 @@ class LearnerWorker:
     # -- checkpoints ----------------------------------------------------------------------------
 
     def save_checkpoint(self, path: str, extra: dict) -> str:
-        from services.learner.checkpoint import save_sharded
-
         save_sharded(Path(path), self.model, self.optim, self.sched, self.step, self.rank, extra)
         return path
 
     def load_checkpoint(self, path: str) -> dict:
-        from services.learner.checkpoint import load_sharded
-
         self.step, extra = load_sharded(Path(path), self.model, self.optim, self.sched, self.rank)
         return {"step": self.step, "extra": extra}
 

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.config import MempoConfig, field_baselines, load_config
+from services.pipeline.report import by_str_k, draw_panels, markdown_table, pairs_table, write_samples
+from services.pipeline.runlog import read_rows
 
 @dataclass(frozen=True)
 class Variant:
@@ -160,8 +162,6 @@ def start_config(path: str | None, overrides: list[str], variant: str) -> MempoC
 def seed_tables(plan: list[Run], runs: dict) -> str:
     """Each variant's EM change against the SFT start and the first variant against each other one,
     at every seed they share and, with several seeds, averaged over them (report.pairs_table)."""
-    from services.pipeline.report import pairs_table
-
     by_variant: dict[str, dict[int, str]] = {}
     for r in plan:
         by_variant.setdefault(r.variant, {})[r.seed] = r.label
@@ -184,11 +184,11 @@ def compare(path: str | None, overrides: list[str], variants: str | None = None,
             seeds: int = 1) -> dict[str, Path]:
     """Train and evaluate the runs of :func:`plan_runs` (``variants``: ``mempo,mem1,search_r1:1``, default
     the registry's default set); returns the paths of the report, eval.json and the plot."""
-    from services.pipeline.evaluate import eval_prompts, run_eval
-    from services.pipeline.report import by_str_k, markdown_table, write_samples
-    from services.pipeline.sft import run_sft, sft_dir
-    from services.pipeline.train import train
-    from services.world.build import prepare_world
+    # imported on use, so that `mempo compare --help` (which lists VARIANTS) loads none of these:
+    from services.pipeline.evaluate import eval_prompts, run_eval  # Ray and torch
+    from services.pipeline.sft import run_sft, sft_dir  # torch
+    from services.pipeline.train import train  # Ray and torch
+    from services.world.build import prepare_world  # pandas
 
     overrides = with_compare_defaults(overrides)
     base = load_config(path, overrides)
@@ -291,9 +291,6 @@ def plot_compare(metrics: dict[str, Path], out: Path, final: dict[str, tuple[dic
     """Held-out EM, peak and total tokens per step, one line per variant. EM comes from the periodic
     evals where a run has them; otherwise from ``final`` ({variant: (its start's table, its table)}):
     the start's pooled EM at step 0 and the run's at ``steps``."""
-    from services.pipeline.report import draw_panels
-    from services.pipeline.runlog import read_rows
-
     def rows(path: Path, kind: str) -> list[dict]:
         return read_rows(path, kind) if path.is_file() else []
 

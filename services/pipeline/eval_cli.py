@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tqdm import tqdm
+
 from services.common.config import MempoConfig
+from services.pipeline.report import diagnostics_table, markdown_table, pairs_table, write_report
+from services.pipeline.view import write_view
 
 
 def default_policies(cfg: MempoConfig) -> list[str]:
-    from services.pipeline.sft import sft_dir
+    from services.pipeline.sft import sft_dir  # torch (`mempo --help` imports this module)
 
     found = {"sft": sft_dir(cfg), "rl": Path(cfg.train.run_dir) / "policy"}
     return [f"{name}={path}" for name, path in found.items() if (path / "config.json").is_file()]
@@ -52,12 +56,10 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool, pair_specs: list[
     """Evaluate each policy on the same held-out prompts and print the paired differences asked for;
     with ``report``, also with search disabled (the no-retrieval control) and write report.md,
     eval.json, episodes.jsonl, samples.md and curves.png."""
-    from tqdm import tqdm
-
-    from services.pipeline.apps import Pipeline
-    from services.pipeline.evaluate import eval_prompts, run_eval as run_pass
-    from services.pipeline.report import diagnostics_table, markdown_table, pairs_table, write_report
-    from services.world.build import prepare_world
+    # imported on use, so that `mempo --help` (which imports this module) loads none of these:
+    from services.pipeline.apps import Pipeline  # pandas (the world), Ray on use
+    from services.pipeline.evaluate import eval_prompts, run_eval as run_pass  # Ray and torch
+    from services.world.build import prepare_world  # pandas
 
     policies = parse_policies(specs or default_policies(cfg))
     if not policies:
@@ -81,8 +83,6 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool, pair_specs: list[
         print(pairs_table(runs, pairs), flush=True)
     if report:
         paths = write_report(cfg.train.run_dir, results, runs=runs, controls=controls, pairs=pairs)
-        from services.pipeline.view import write_view
-
         paths["view"] = write_view(cfg.train.run_dir)  # the same run as one page (`mempo view`)
         print("report: " + ", ".join(str(p) for p in paths.values()), flush=True)
     pipe.shutdown()

@@ -56,7 +56,7 @@ def eval_prompts(cfg: MempoConfig, per_k: int) -> dict[int, list[Prompt]]:
 
 @lru_cache(maxsize=4)
 def _tokenizer(path: str):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # transformers on use
 
     return AutoTokenizer.from_pretrained(path)
 

@@ -203,10 +203,10 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
 
 def draw_panels(panels: list, out: Path, rows: int = 1, figsize=(15, 4.2)) -> Path:
     """One subplot per (title, [(metric key, metrics rows, label), ...]), against the RL step."""
-    import matplotlib
+    import matplotlib  # on use: half a second, for the plots alone
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after the backend is chosen
 
     fig, axes = plt.subplots(rows, -(-len(panels) // rows), figsize=figsize, squeeze=False)
     for ax, (title, series) in zip(axes.flat, panels):

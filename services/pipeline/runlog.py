@@ -54,7 +54,7 @@ class RunLog:
         self.tb = None
         if tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # torch, and optional (below)
 
                 self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
             except ImportError:  # tensorboard is a dependency; a trimmed install still logs JSONL

@@ -30,9 +30,19 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from services.common.config import MempoConfig
 from services.common.messages import ChatMessage, Prompt, TrainingBatch
+from services.common.model_checks import lr_warnings
+from services.common.paths import data_path, model_path
+from services.learner.checkpoint import latest_complete, saved_extra
+from services.learner.samples import Sample, pack
+from services.pipeline.apps import connect
+from services.pipeline.runlog import RunLog
+from services.world.build import prepare_world
+from services.world.name_swap import NameSwapper
+from services.world.pretrain import lr_at
 
 log = logging.getLogger("mempo.sft")
 
@@ -60,8 +70,6 @@ def load_transcripts(path: Path, min_em: float) -> list[list[dict]]:
 
 def rename_share(transcripts: list[list[dict]], world_file: Path, share: float, seed: int, log_fn=print) -> list[list[dict]]:
     """Replace a ``share`` of the transcripts (chosen by ``seed``) by copies with fresh entity names."""
-    from services.world.name_swap import NameSwapper
-
     swapper = NameSwapper.from_world_file(world_file)
     rng = random.Random(seed + 11)
     out = [swapper.rename(t, rng) if rng.random() < share else t for t in transcripts]
@@ -72,7 +80,7 @@ def rename_share(transcripts: list[list[dict]], world_file: Path, share: float, 
 
 def turn_samples(cfg: MempoConfig, tokenizer, transcripts: list[list[dict]]) -> list[tuple[np.ndarray, int]]:
     """(context + response ids, context length) for every assistant turn, in memory-mode contexts."""
-    from services.rollout.records import EpisodeBuilder, episode_from_transcript
+    from services.rollout.records import EpisodeBuilder, episode_from_transcript  # transformers at its top
 
     builder = EpisodeBuilder(cfg, tokenizer)
     out, dropped, longest = [], 0, 0
@@ -94,8 +102,6 @@ def turn_samples(cfg: MempoConfig, tokenizer, transcripts: list[list[dict]]) -> 
 
 def sft_batch(samples: list[tuple[np.ndarray, int]], step: int) -> TrainingBatch:
     """Loss on each sample's response (the ids after its context); no advantages."""
-    from services.learner.samples import Sample, pack
-
     return pack([Sample(ids[:ctx], ids[ctx:], group=i) for i, (ids, ctx) in enumerate(samples)], step=step)
 
 
@@ -108,16 +114,9 @@ def cpus_per_rank(free_cpus: float, world_size: int, configured: float) -> float
 
 def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     """Train and export; returns the Hugging Face directory of the cold-start policy."""
-    from tqdm import tqdm
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # transformers on use
 
-    from services.learner.group import LearnerGroup
-    from services.world.pretrain import lr_at
-    from services.pipeline.apps import connect
-    from services.pipeline.runlog import RunLog
-    from services.common.model_checks import lr_warnings
-    from services.common.paths import data_path, model_path
-    from services.world.build import prepare_world
+    from services.learner.group import LearnerGroup  # Ray at its top
 
     cfg = prepare_world(cfg).model_copy(deep=True)
     cfg.learner.kl_coef = 0.0  # no reference model in SFT
@@ -138,7 +137,7 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
            f"lr {cfg.learner.sft_lr}")
     connect(cfg, with_serve=False)
     if not cfg.ray.address:  # a local cluster of ours: give the ranks its free cores (all, when nothing else runs)
-        import ray
+        import ray  # Ray on use
 
         cfg.learner.num_cpus_per_worker = cpus_per_rank(ray.available_resources().get("CPU", 0.0),
                                                         cfg.learner.world_size, cfg.learner.num_cpus_per_worker)
@@ -182,8 +181,6 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
 
 def _checkpoint(group, home: Path, step: int, settings: dict, rng: random.Random, order: list[int]) -> None:
     """The group's state after ``step`` with the data order's position; older SFT checkpoints go."""
-    from services.learner.checkpoint import latest_complete
-
     before = latest_complete(home)
     version, state, gauss = rng.getstate()
     path = group.save_checkpoint(str(home), step, {"sft": {"step": step, "settings": settings, "order": order,
@@ -195,8 +192,6 @@ def _checkpoint(group, home: Path, step: int, settings: dict, rng: random.Random
 def _resume(group, home: Path, settings: dict, rng: random.Random, order: list[int], log_fn) -> int:
     """Load the latest SFT checkpoint of ``home`` made with the same settings; returns its step (0: none).
     One made with other settings is removed, not resumed."""
-    from services.learner.checkpoint import latest_complete, saved_extra
-
     path = latest_complete(home)
     if path is None:
         return 0

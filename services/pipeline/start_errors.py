@@ -54,7 +54,7 @@ def innermost_exception(message: str) -> str:
 
 def startup_failure(app_name: str) -> tuple[str, str]:
     """(cause, whole message) of the first failed deployment of a Serve application, from ``serve.status()``."""
-    from ray import serve
+    from ray import serve  # Ray on use: `mempo --help` imports this module
 
     status = serve.status().applications.get(app_name)
     if status is None:
@@ -70,7 +70,7 @@ def startup_failure(app_name: str) -> tuple[str, str]:
 
 def deploy(app, name: str, route_prefix: str | None, service: str):
     """``serve.run`` that turns a failed start into ``ServiceStartError`` naming the replica's exception."""
-    from ray import serve
+    from ray import serve  # Ray on use (see startup_failure)
 
     try:
         return serve.run(app, name=name, route_prefix=route_prefix)

@@ -41,13 +41,15 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ray import serve
 
+from services.common.calls import require_version
 from services.common.codec import decode, encode
 from services.common.config import (MempoConfig, ScorerConfig, actor_options, fields_marked, replica_config,
-                                    scorer_token_budget)
+                                    scorer_token_budget, updated_section)
 from services.common.http import ERROR_RESPONSES, ErrorBody, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
 from services.common.messages import TrajectoryBatch, WeightUpdate
 from services.common.model_io import model_dtype, validate_weights
+from services.common.paths import model_path
 from services.common.serve_version import pinned
 from services.scorer.admission import Busy, Gate
 
@@ -108,7 +110,9 @@ document_body(app, "/score", TextScoreRequest, TokenScoreRequest)
 
 
 def _load_model(path: str, dtype: str):
-    from transformers import AutoModelForCausalLM
+    # transformers, and the modules that import it, in the replica only: the driver imports this
+    # module for deployment_options (`mempo plan`, the resource check)
+    from transformers import AutoModelForCausalLM  # transformers
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=model_dtype(dtype), attn_implementation="sdpa")
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
@@ -118,10 +122,9 @@ def _load_model(path: str, dtype: str):
 @serve.ingress(app)
 class ScorerService:
     def __init__(self, config: dict):
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # transformers in the replica only (see _load_model)
 
-        from services.common.paths import model_path
-        from services.scorer.scorer import MemoryScorer
+        from services.scorer.scorer import MemoryScorer  # transformers at its top
 
         self.cfg = MempoConfig.model_validate(config)
         self.model_dir = str(model_path(self.cfg))
@@ -140,8 +143,6 @@ class ScorerService:
     # -- training path ------------------------------------------------------------------------
 
     async def score(self, payload: bytes, min_version: int = -1) -> bytes:
-        from services.common.calls import require_version
-
         if not isinstance(min_version, int):
             raise TypeError(f"min_version must be an int, got {type(min_version).__name__}")
         batch = decode(payload, TrajectoryBatch)
@@ -174,8 +175,6 @@ class ScorerService:
     async def reconfigure(self, user_config: dict) -> None:
         """Serve ``user_config``: change the scorer's runtime fields (``RUNTIME_FIELDS``; `mempo config
         --help-fields` marks them) on the running replicas (no restart)."""
-        from services.common.config import updated_section
-
         section = updated_section(self.cfg.scorer, user_config, self.RUNTIME_FIELDS)
         cfg = MempoConfig.model_validate({**self.cfg.model_dump(), "scorer": section.model_dump()})  # cross-field checks
         async with self.gate.exclusive():
@@ -200,7 +199,7 @@ class ScorerService:
             raise BadRequest(422, f"{field}[{bad}]", f"unknown token id {ids[bad]} (vocabulary size {self.vocab})")
 
     def _text_request(self, req: TextScoreRequest):
-        from services.scorer.scorer import text_contexts
+        from services.scorer.scorer import text_contexts  # transformers at its top (see _load_model)
 
         questions = [req.question] if isinstance(req.question, str) else req.question
         answers = [req.answer] if isinstance(req.answer, str) else req.answer
@@ -221,7 +220,7 @@ class ScorerService:
         return mem_ctx, full_ctx, cont
 
     def _token_request(self, req: TokenScoreRequest):
-        from services.scorer.continuation import Continuation
+        from services.scorer.continuation import Continuation  # transformers at its top (see _load_model)
 
         for name in ("mem_context_ids", "full_context_ids", "continuation_ids"):
             self._check_ids(name, getattr(req, name))

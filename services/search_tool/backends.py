@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol, Union
 
 from services.common.config import MempoConfig
+from services.common.jsonl import read_jsonl
 from services.common.paths import corpus_path, index_dir
 from services.search_tool.bm25_index import BM25Index
 from services.search_tool.dense_index import DenseIndex, TextEncoder
@@ -62,8 +63,6 @@ def load_backend(cfg: MempoConfig, build_missing: bool = True) -> SearchBackend:
     if not (path / marker).is_file() or (s.backend == "dense" and not (path / "faiss.index").is_file()):
         if not build_missing:
             raise FileNotFoundError(f"no {s.backend} index at {path}")
-        from services.common.jsonl import read_jsonl
-
         log.info("building the %s index of %s into %s", s.backend, corpus_path(cfg), path)
         return build_index(read_jsonl(corpus_path(cfg)), s.backend, path, encoder)
     return BM25Index.load(path) if s.backend == "bm25" else DenseIndex.load(path, encoder)

@@ -34,7 +34,8 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from ray import serve
 
-from services.common.config import MempoConfig, SearchConfig, actor_options, fields_marked, replica_config
+from services.common.config import (MempoConfig, SearchConfig, actor_options, fields_marked, replica_config,
+                                    updated_section)
 from services.common.http import ERROR_RESPONSES, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
 from services.common.serve_version import pinned
@@ -82,7 +83,7 @@ def _hit(row: dict, score: float) -> dict:
 @serve.ingress(app)
 class SearchService:
     def __init__(self, config: dict):
-        from services.search_tool.backends import load_backend
+        from services.search_tool.backends import load_backend  # torch at its top, in the replica only
 
         cfg = MempoConfig.model_validate(config)
         self.cfg = cfg.search
@@ -99,8 +100,6 @@ class SearchService:
     def reconfigure(self, user_config: dict) -> None:
         """Serve ``user_config``: change the search tool's runtime fields (``RUNTIME_FIELDS``; `mempo
         config --help-fields` marks them) on the running replicas (no index reload)."""
-        from services.common.config import updated_section
-
         self.cfg = updated_section(self.cfg, user_config, self.RUNTIME_FIELDS)
         self._batched.set_max_batch_size(self.cfg.max_batch_size)
         self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)

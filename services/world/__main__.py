@@ -13,6 +13,7 @@ import json
 import sys
 
 from services.common.config import ConfigError, load_config
+from services.common.paths import world_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    from services.common.paths import world_dir
-    from services.world.build import build_world, load_manifest
+    # pandas on use: `mempo --help` imports this module
+    from services.world.build import build_world, load_manifest  # pandas
 
     if cmd == "path":
         print(world_dir(cfg))
@@ -41,12 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"world: {out}")
     print(json.dumps({k: manifest[k] for k in ("counts", "oracle_em", "build_s", "timings_s")}, indent=1))
     if cmd == "lengths":
-        from services.world.lengths import lengths_table, oracle_lengths
+        from services.world.lengths import lengths_table, oracle_lengths  # pandas
 
         print("\noracle episodes on the held-out prompts (perfect behaviour), tokens:\n")
         print(lengths_table(oracle_lengths(cfg, out), cfg))
     if cmd == "show":
-        import pandas as pd
+        import pandas as pd  # pandas on use
 
         test = pd.read_parquet(out / "test.parquet")
         row = test.iloc[len(test) // 2]
