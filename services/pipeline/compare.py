@@ -9,15 +9,15 @@
 RL runs with the same steps, seed, prompts and budget, each starting from the same SFT policy
 (``<run_dir>/sft/model``, trained first if missing), one per variant of ``VARIANTS`` below (the
 registry: name, title, overrides, whether ``mempo compare`` runs it by default; ``--variants``
-picks others): MemPO, MEM1-like (no memory reward), Search-R1-like (full history), and MemPO with
-the reference's memory reward. A variant marked ``own_start`` (``search_r1_own``) starts instead from
+picks others; ``mempo compare --help`` lists them all): by default MemPO, MEM1-like (no memory
+reward) and Search-R1-like (full history). A variant marked ``own_start`` (``search_r1_own``) starts instead from
 an SFT policy of its own, trained on the same transcripts under its overrides (for Search-R1-like:
 every turn under the full history) into ``<run_dir>/starts/<name>/sft/model`` before any service
 starts, if that folder holds none yet (copy or link a policy there to reuse one); it is evaluated
 once, as ``sft:<name>``, and the variant's change is measured against it.
 
 The services stay up between variants: a deployment whose config sections a variant leaves alone
-(services/common/serve_version.py) keeps its replicas, and the SFT start is published to them at
+(services/common/service_sections.py) keeps its replicas, and the SFT start is published to them at
 version 0, the weights a fresh replica loads; only what the variant changes restarts (the learner
 always: its run, optimizer and policy are the variant's own). ``startup.json`` records each variant's
 start-up seconds per service and the replicas that served it.
