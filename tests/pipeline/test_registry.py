@@ -84,6 +84,32 @@ def test_the_pipeline_has_a_place_for_every_service_and_publishes_to_the_policy_
         application(load_config(TINY), "critic")
 
 
+def test_pipeline_start_deploys_in_registry_order_and_builds_each_driver_by_its_rule(monkeypatch):
+    """Pipeline.start without a cluster: what it deploys, in which order, and what each service gets."""
+    from services.pipeline import apps
+
+    deployed = []
+    monkeypatch.setattr(apps, "prepare_world", lambda cfg: cfg)
+    monkeypatch.setattr(apps, "connect", lambda cfg: None)
+    monkeypatch.setattr(apps, "check_resources", lambda cfg, services, strict: None)
+    monkeypatch.setattr(apps, "application", lambda cfg, name: f"app:{name}")
+    monkeypatch.setattr(apps, "deploy", lambda app, name, route, service: deployed.append((app, name, route)) or
+                        f"handle:{service}")
+    monkeypatch.setattr(apps, "replica_watch", lambda cfg, name: f"watch:{name}")
+    pipe = apps.Pipeline.start(load_config(TINY, ["ray.app_prefix=p-"]), ("learner", "scorer", "search"))
+    assert deployed == [("app:search", "p-search", "/p-search"), ("app:scorer", "p-scorer", "/p-scorer"),
+                        ("app:learner", "p-learner", None)]
+    assert pipe.apps == ["p-search", "p-scorer", "p-learner"] and pipe.rollout is None
+    assert pipe.search == "handle:search"  # no driver: the bare handle
+    for name in ("scorer", "learner"):
+        driver = getattr(pipe, name)
+        assert type(driver) is _load(SERVICES[name].driver_class) and driver.handle == f"handle:{name}"
+        assert driver.watch == pipe.watches[name] == f"watch:{name}"
+    assert pipe.scorer.before_retry == pipe.resync  # restart rule "resync"
+    assert not hasattr(pipe.learner, "before_retry")  # "resume": its calls are never retried
+    assert pipe.cfg.learner.publish_to == ["p-rollout:rollout", "p-scorer:scorer"]
+
+
 def _module_imports(path: Path) -> set[str]:
     """The services.* modules a file imports, at any depth (function bodies too)."""
     here = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
