@@ -66,4 +66,5 @@ def _builder(service: str):
 
 for _service in SERVICES:
     globals()[_service] = _builder(_service)
+del _service
 __all__ = ["ROOT", "config_from_args", *SERVICES]
