@@ -14,7 +14,9 @@ copy one to write. torch tensors travel as ext type 2 the same way, so bfloat16 
 
 Any problem on the way in or out (wrong schema version, wrong kind, truncated bytes, a missing or
 mistyped field, an array of the wrong dtype or rank) raises :class:`ProtocolError`, which names the
-field path, e.g. ``TrajectoryBatch.groups[2].episodes[0].turns[1].response_ids``.
+field path, e.g. ``TrajectoryBatch.groups[2].episodes[0].turns[1].response_ids``. The typed
+conversion between messages and plain trees, with those checks, is services/common/codec_convert.py;
+this module holds the envelope, the message registry and the array ext types.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import struct
-import types
-import typing
 import warnings
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 import msgpack
 import numpy as np
+
+from services.common.codec_convert import Bad, converter
 
 SCHEMA_VERSION = 2  # 2: 1-d arrays of a declared dtype travel as bare bytes (msgpack bin)
 _EXT_NDARRAY = 1
@@ -58,12 +60,6 @@ def message(cls: type[T]) -> type[T]:
 def array_field(dtype: str | None, ndim: int | None = 1, **kw: Any) -> Any:
     """A dataclass field holding an ndarray of the given dtype (None = any) and rank (None = any)."""
     return dataclasses.field(metadata={"dtype": dtype, "ndim": ndim}, **kw)
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    if cls.__dict__.get("__hints__") is None:
-        cls.__hints__ = typing.get_type_hints(cls)
-    return cls.__hints__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,204 +143,13 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# dataclass <-> plain tree, with type checks
-#
-# Each annotation compiles once into a converter: mode "out" turns a live value into a msgpack-able
-# tree (encode), mode "in" turns a decoded tree into typed objects (decode). Both check types. The
-# hot path formats no strings: a failure raises _Bad, and each enclosing container adds its step of
-# the field path while the exception unwinds.
-
-
-class _Bad(Exception):
-    def __init__(self, problem: str):
-        self.problem = problem
-        self.trail: list[str] = []
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _is_tensor_type(tp: Any) -> bool:
-    return getattr(tp, "__module__", "").startswith("torch") and _type_name(tp) == "Tensor"
-
-
-_CONVERTERS: dict[tuple, Any] = {}
-
-
-def _converter(tp: Any, meta: tuple, mode: str):
-    key = (tp, meta, mode)
-    conv = _CONVERTERS.get(key)
-    if conv is None:
-        conv = _CONVERTERS[key] = _compile(tp, dict(meta), mode)
-    return conv
-
-
-def _scalar(exact: type, check, name: str, cast):
-    """A scalar converter: a value of exactly ``exact`` passes as is (the hot path); anything else
-    must pass ``check`` (numpy scalars, subclasses, ints for floats) and is cast."""
-    def conv(v):
-        if type(v) is exact:
-            return v
-        if not check(v):
-            raise _Bad(f"expected {name}, got {type(v).__name__}")
-        return cast(v)
-    return conv
-
-
-def _raw_array(dtype: np.dtype, mode: str):
-    """A 1-d array field of a declared dtype travels as msgpack bin: its raw little-endian bytes,
-    nothing else (dtype and rank come from the schema). Out: check the array, hand over its buffer.
-    In: bytes of a whole number of items -> a read-only ``np.frombuffer`` view."""
-    dtype = dtype.newbyteorder("<")  # the wire is little-endian
-    size = dtype.itemsize
-
-    def out(v):
-        if not isinstance(v, np.ndarray):
-            raise _Bad(f"expected an ndarray, got {type(v).__name__}")
-        if v.dtype != dtype:
-            raise _Bad(f"expected dtype {dtype}, got {v.dtype}")
-        if v.ndim != 1:
-            raise _Bad(f"expected 1-d array, got shape {v.shape}")
-        if not v.flags.c_contiguous:
-            v = np.ascontiguousarray(v)
-        return v.data.cast("B") if v.size else b""
-
-    def into(v):
-        if type(v) is not bytes:
-            raise _Bad(f"expected an array's bytes, got {type(v).__name__}")
-        if len(v) % size:
-            raise _Bad(f"{len(v)} bytes are not a whole number of {dtype} items")
-        return np.frombuffer(v, dtype=dtype)
-    return out if mode == "out" else into
-
-
-def _compile(tp: Any, meta: dict, mode: str):
-    origin = typing.get_origin(tp)
-    metakey = tuple(sorted(meta.items()))
-    if tp is Any:
-        return lambda v: v
-    if origin is Union or origin is types.UnionType:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(tp))
-        convs = [_converter(a, metakey, mode) for a in args]
-
-        def union(v):
-            if v is None and optional:
-                return None
-            for c in convs:
-                try:
-                    return c(v)
-                except _Bad:
-                    pass
-            raise _Bad(f"expected {_type_name(tp)}, got {type(v).__name__}")
-        return union
-    if origin is list:
-        item = _converter(typing.get_args(tp)[0], metakey, mode)
-
-        def listing(v):
-            if not isinstance(v, (list, tuple)):
-                raise _Bad(f"expected a list, got {type(v).__name__}")
-            out = []
-            try:
-                for x in v:
-                    out.append(item(x))
-            except _Bad as e:
-                e.trail.append(f"[{len(out)}]")
-                raise
-            return out
-        return listing
-    if origin is dict:
-        val = _converter(typing.get_args(tp)[1], metakey, mode)
-
-        def mapping(v):
-            if not isinstance(v, dict):
-                raise _Bad(f"expected a mapping, got {type(v).__name__}")
-            out = {}
-            for k, x in v.items():
-                if not isinstance(k, str):
-                    raise _Bad(f"mapping keys must be str, got {type(k).__name__}")
-                try:
-                    out[k] = val(x)
-                except _Bad as e:
-                    e.trail.append(f"[{k!r}]")
-                    raise
-            return out
-        return mapping
-    if dataclasses.is_dataclass(tp):
-        return _compile_dataclass(tp, mode)
-    if tp is np.ndarray:
-        dtype = np.dtype(meta["dtype"]) if meta.get("dtype") else None
-        ndim = meta.get("ndim")
-        if dtype is not None and ndim == 1:  # the schema knows dtype and rank: only the raw bytes travel
-            return _raw_array(dtype, mode)
-
-        def array(v):
-            if not isinstance(v, np.ndarray):
-                raise _Bad(f"expected an ndarray, got {type(v).__name__}")
-            if dtype is not None and v.dtype != dtype:
-                raise _Bad(f"expected dtype {dtype}, got {v.dtype}")
-            if ndim is not None and v.ndim != ndim:
-                raise _Bad(f"expected {ndim}-d array, got shape {v.shape}")
-            return v
-        return array
-    if _is_tensor_type(tp):
-        torch_tensor = _torch().Tensor
-        return _scalar(torch_tensor, lambda v: isinstance(v, torch_tensor), "a torch.Tensor", lambda v: v)
-    if tp is bool:
-        return _scalar(bool, lambda v: isinstance(v, np.bool_), "bool", bool)
-    if tp is int:
-        return _scalar(int, lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)), "int", int)
-    if tp is float:
-        return _scalar(float, lambda v: isinstance(v, (int, float, np.integer, np.floating))
-                       and not isinstance(v, (bool, np.bool_)), "float", float)
-    if tp is str:
-        return _scalar(str, lambda v: isinstance(v, str), "str", str)
-    if tp is bytes:
-        return _scalar(bytes, lambda v: isinstance(v, (bytes, bytearray, memoryview)), "bytes", bytes)
-
-    def unsupported(v):
-        raise _Bad(f"unsupported field type {_type_name(tp)}")
-    return unsupported
-
-
-def _compile_dataclass(cls: type, mode: str):
-    hints = _hints(cls)
-    fields = dataclasses.fields(cls)
-    names = frozenset(f.name for f in fields)
-    plan = [(f.name, _converter(hints[f.name], tuple(sorted(f.metadata.items())), mode),
-             f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING) for f in fields]
-
-    def convert(v):
-        if isinstance(v, cls):
-            d = v.__dict__  # a live message (an attribute may have been deleted: then it is missing)
-        elif isinstance(v, dict):
-            if not names.issuperset(v):
-                bad = _Bad("unknown field")
-                bad.trail.append("." + sorted(map(str, set(v) - names))[0])
-                raise bad
-            d = v
-        else:
-            raise _Bad(f"expected a {cls.__name__} mapping, got {type(v).__name__}")
-        out = {}
-        for name, conv, has_default in plan:
-            try:
-                if name not in d:
-                    if has_default:
-                        continue
-                    raise _Bad("missing field")
-                out[name] = conv(d[name])
-            except _Bad as e:
-                e.trail.append("." + name)
-                raise
-        return out if mode == "out" else cls(**out)
-    return convert
+# dataclass <-> plain tree, with type checks (services/common/codec_convert.py)
 
 
 def _convert(cls: type, value: Any, mode: str) -> Any:
     try:
-        return _converter(cls, (), mode)(value)
-    except _Bad as e:
+        return converter(cls, (), mode)(value)
+    except Bad as e:
         raise ProtocolError(cls.__name__ + "".join(reversed(e.trail)), e.problem) from None
 
 
