@@ -57,6 +57,7 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool, pair_specs: list[
     with ``report``, also with search disabled (the no-retrieval control) and write report.md,
     eval.json, episodes.jsonl, samples.md and curves.png."""
     # imported on use, so that `mempo --help` (which imports this module) loads none of these:
+    from services.common.model_checks import check_model  # torch (model_io)
     from services.pipeline.apps import Pipeline  # pandas (the world), Ray on use
     from services.pipeline.evaluate import eval_prompts, run_eval as run_pass  # Ray and torch
     from services.world.build import prepare_world  # pandas
@@ -65,6 +66,8 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool, pair_specs: list[
     if not policies:
         raise FileNotFoundError(f"nothing to evaluate: no --policy given and no sft/rl policy in {cfg.train.run_dir}")
     pairs = parse_pairs(list(pair_specs), policies)
+    for name, path in policies.items():
+        check_model(path, f"--policy {name}")
     cfg = prepare_world(cfg).model_copy(deep=True)
     cfg.model.path = next(iter(policies.values()))  # the engines start on the first policy's weights
     prompts = eval_prompts(cfg, cfg.eval.questions_per_k)

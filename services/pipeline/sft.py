@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from services.common.config import MempoConfig
 from services.common.messages import ChatMessage, Prompt, TrainingBatch
-from services.common.model_checks import lr_warnings
+from services.common.model_checks import check_model, lr_warnings
 from services.common.paths import data_path, model_path
 from services.learner.checkpoint import latest_complete, saved_extra
 from services.learner.samples import Sample, pack
@@ -121,6 +121,7 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     cfg = prepare_world(cfg).model_copy(deep=True)
     cfg.learner.kl_coef = 0.0  # no reference model in SFT
     source = str(model_path(cfg))
+    check_model(source)
     for line in lr_warnings(cfg, source, sft=True):
         log_fn(f"warning: {line}")
     tokenizer = AutoTokenizer.from_pretrained(source)

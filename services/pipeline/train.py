@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from services.common.config import MempoConfig, to_yaml
 from services.common.data import PromptStream, load_prompts
-from services.common.model_checks import lr_warnings
+from services.common.model_checks import check_model, lr_warnings
 from services.common.paths import data_path, model_path
 from services.pipeline.ahead import Generated, RolloutsAhead
 from services.pipeline.apps import Pipeline
@@ -69,6 +69,7 @@ def stage_times(batch: Generated, stats: dict, step_s: float) -> dict:
 
 def train(cfg: MempoConfig) -> dict:
     cfg = starting_policy(prepare_world(cfg))  # builds the embedded world if the config uses it
+    check_model(model_path(cfg), "model.path" if not cfg.train.init_from_sft else "the SFT policy")
     for line in lr_warnings(cfg, model_path(cfg), sft=False):
         logging.getLogger("mempo.train").warning("%s", line)
     run_dir = Path(cfg.train.run_dir)

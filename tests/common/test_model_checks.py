@@ -1,5 +1,7 @@
-"""Learning rates that would wreck a pretrained model are named, with a value that works."""
+"""Learning rates that would wreck a pretrained model are named, with a value that works; a folder that
+cannot be served fails early, naming the setting."""
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -28,3 +30,30 @@ def test_the_tiny_model_and_a_missing_folder_are_left_alone(tmp_path, world):
     cfg = load_config("deploy/configs/tiny.yaml")
     assert lr_warnings(cfg, world / "model", sft=True) == []
     assert lr_warnings(cfg, tmp_path / "nothing", sft=False) == []
+
+
+def test_check_model_names_the_setting_and_what_is_wrong(tmp_path, world):
+    import json
+    import shutil
+
+    from services.common.model_checks import check_model
+
+    good = tmp_path / "good"
+    shutil.copytree(world / "model", good)
+    check_model(good)  # the world's model passes
+    with pytest.raises(FileNotFoundError, match=r"model.path=.*no config.json.*make model"):
+        check_model(tmp_path / "missing")
+    bad = tmp_path / "bad"
+    shutil.copytree(good, bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "architectures": ["BertForMaskedLM"]}))
+    with pytest.raises(ValueError, match=r"--policy rl=.*BertForMaskedLM.*not a causal LM"):
+        check_model(bad, "--policy rl")
+    (bad / "config.json").write_text(json.dumps(config))
+    (bad / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no tokenizer"):
+        check_model(bad)
+    for f in bad.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        check_model(bad)
