@@ -102,7 +102,15 @@ class LearnerService:
         resumed = self.group.resume(self.cfg.train.run_dir)
         self.step_no = resumed["step"] if resumed else 0
         self.version = self.step_no
-        self.publisher = ObjectStorePublisher(publish_handles(self.cfg.learner.publish_to))
+        handles = publish_handles(self.cfg.learner.publish_to)
+        if self.cfg.learner.publish == "object_store":
+            self.publisher = ObjectStorePublisher(handles)
+        else:  # the group's listeners: loopback on one machine, this node's address on a cluster
+            from services.learner.collective import CollectivePublisher
+            from services.learner.rendezvous import LOOPBACK, NODE
+
+            self.publisher = CollectivePublisher(handles, self.cfg.learner.publish,
+                                                 NODE if self.cfg.ray.address else LOOPBACK)
         self.busy = asyncio.Lock()
         self.restarts, self.last_restart_s = 0, 0.0
         self.phase = "idle"  # "train_step" while the workers update

@@ -147,7 +147,9 @@ class PolicyEngine:
                 self.engine = await asyncio.to_thread(self._start)
                 if (self._weights_dir / "model.safetensors").is_file():
                     await self._load_weights_folder()
-                    self.version = self._folder_version
+                # the folder's policy, or model.path's (0); a set that came by the collective is gone with
+                # the engine, and the learner's next sync sees this replica behind and publishes again
+                self.version = self._folder_version
                 self.restarts += 1
                 self.last_restart_s = time.perf_counter() - t0
                 log.warning("vLLM engine restarted in %.1fs, policy version %d", self.last_restart_s, self.version)
@@ -187,22 +189,68 @@ class PolicyEngine:
 
         tensors = validate_weights(tensors, self.expected)
         await self.ensure_alive()
-        t0 = time.perf_counter()
-        self._gate.clear()
-        try:
-            async with self._idle:
-                await self._idle.wait_for(lambda: self._running == 0)
+
+        async def load():
             self._weights_dir.mkdir(parents=True, exist_ok=True)
             cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
             await asyncio.to_thread(save_file, cpu, str(self._weights_dir / "model.safetensors"))
             self._folder_version = version
             await self._load_weights_folder()
+
+        return await self._swap(load, version)
+
+    async def _swap(self, load, version: int) -> float:
+        """Steps 1-4 of the module docstring around ``load()``; returns seconds."""
+        t0 = time.perf_counter()
+        self._gate.clear()
+        try:
+            async with self._idle:
+                await self._idle.wait_for(lambda: self._running == 0)
+            await load()
             self.version = version
         finally:
             self._gate.set()
         dt = time.perf_counter() - t0
         log.info("policy version %d loaded in %.2fs", version, dt)
         return dt
+
+    # -- collective publication (services/learner/collective.py, the wsync_* methods of vllm_ext.py) --
+
+    async def weight_group(self) -> str | None:
+        if self.engine.errored:
+            return None
+        return (await self.engine.collective_rpc("wsync_group"))[0]
+
+    async def join_weight_group(self, host: str, port: int, world: int, group_id: str, timeout_s: float) -> int:
+        await self.ensure_alive()
+        kwargs = {"host": host, "port": port, "world": world, "group_id": group_id, "timeout_s": timeout_s}
+        return (await self.engine.collective_rpc("wsync_join", kwargs=kwargs))[0]
+
+    async def receive_weights(self, group_id: str, version: int, plan: list, timeout_s: float) -> dict:
+        """Stage a whole broadcast in the engine (the model is untouched until ``commit_weights``)."""
+        self._staged = None
+        kwargs = {"group_id": group_id, "version": version, "plan": plan, "timeout_s": timeout_s}
+        out = (await self.engine.collective_rpc("wsync_receive", kwargs=kwargs))[0]
+        self._staged = (version, plan)
+        return out
+
+    async def commit_weights(self, version: int) -> float:
+        """Load the staged set of ``version`` as the policy (the same gate as ``update_weights``)."""
+        staged, self._staged = getattr(self, "_staged", None), None
+        if staged is None or staged[0] != version:
+            raise RuntimeError(f"no whole set of version {version} staged in this engine")
+        shapes = {name: torch.empty(shape, device="meta") for b in staged[1] for name, _, shape, _, _ in b}
+        try:
+            names = list(validate_weights(shapes, self.expected))
+        except ValueError:
+            await self.engine.collective_rpc("wsync_drop")
+            raise
+
+        async def load():
+            await self.engine.collective_rpc("wsync_commit", kwargs={"version": version, "names": names})
+            await self.engine.reset_prefix_cache()
+
+        return await self._swap(load, version)
 
     def shutdown(self) -> None:
         shutil.rmtree(self._weights_dir, ignore_errors=True)

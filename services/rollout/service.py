@@ -7,6 +7,8 @@ ObjectRef passed as the top-level argument arrives resolved):
                                                            response into an ObjectRef it owns, so
                                                            the data outlives this replica)
     update_weights(WeightUpdate bytes, version) -> {"version", "seconds", "replica"}
+    weight_group() / join_weight_group(...) / receive_weights(...) / commit_weights(group_id, version)
+        -> the collective publication's steps (services/learner/collective.py)
     generate(prompt_ids, max_tokens, temperature, seed) -> {"token_ids", "logprobs", "version"}
     info() -> {"replica", "version", "model", "engine_pid", "turns_running", "engine_restarts", ...}
 
@@ -73,6 +75,24 @@ class RolloutService:
             raise ValueError(f"version {version} does not match the WeightUpdate's version {update.version}")
         seconds = await self.engine.update_weights(update.tensors, update.version)
         return {"version": update.version, "seconds": seconds, "replica": self.replica}
+
+    # collective publication (services/learner/collective.py): the engine joins the learner's group,
+    # stages a whole broadcast, and takes it as the policy when the learner commits
+    async def weight_group(self) -> Optional[str]:
+        return await self.engine.weight_group()
+
+    async def join_weight_group(self, host: str, port: int, world: int, group_id: str, timeout_s: float) -> int:
+        return await self.engine.join_weight_group(host, port, world, group_id, timeout_s)
+
+    async def receive_weights(self, group_id: str, version: int, plan: list, timeout_s: float) -> dict:
+        out = await self.engine.receive_weights(group_id, version, plan, timeout_s)
+        return {**out, "replica": self.replica}
+
+    async def commit_weights(self, group_id: str, version: int) -> dict:
+        if group_id != await self.engine.weight_group():
+            raise RuntimeError(f"commit of weight group {group_id}: this replica is not in it")
+        seconds = await self.engine.commit_weights(version)
+        return {"version": version, "seconds": seconds, "replica": self.replica}
 
     async def generate(self, prompt_ids: list[int], max_tokens: int = 32, temperature: float = 0.0,
                        seed: int = 0) -> dict:

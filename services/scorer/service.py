@@ -4,6 +4,8 @@ Handle methods (payloads are msgpack bytes of protocol messages; a top-level Obj
 resolved):
     score(TrajectoryBatch bytes) -> MemoryScoreBatch bytes   (by value: the caller owns the ref)
     update_weights(WeightUpdate bytes, version) -> {"version", "seconds"}
+    weight_group() / join_weight_group(...) / receive_weights(...) / commit_weights(group_id, version)
+        -> the collective publication's steps (services/learner/collective.py)
     info() -> {"version", "model", "replica"}
 
 HTTP (FastAPI; request and response schemas at /docs):
@@ -51,6 +53,7 @@ from services.common.messages import TrajectoryBatch, WeightUpdate
 from services.common.model_io import model_dtype, validate_weights
 from services.common.paths import model_path
 from services.common.serve_version import pinned
+from services.common.weight_broadcast import Receiver
 from services.scorer.admission import Busy, Gate
 
 log = logging.getLogger("mempo.scorer")
@@ -139,6 +142,7 @@ class ScorerService:
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.stats = {"score_calls": 0, "rest_calls": 0, "bad_requests": 0, "busy": 0}
         self.scoring_now = 0  # training-path calls being scored now
+        self.receiver = Receiver()  # its end of the learner's weight group (learner.publish=collective)
 
     # -- training path ------------------------------------------------------------------------
 
@@ -160,15 +164,38 @@ class ScorerService:
         update = decode(payload, WeightUpdate)
         if version is not None and version != update.version:
             raise ValueError(f"version {version} does not match the WeightUpdate's version {update.version}")
+        return await self._load(update.tensors, update.version)
+
+    async def _load(self, tensors: dict, version: int) -> dict:
         model = self.scorer.model
         tied = model.config.tie_word_embeddings
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
-        tensors = validate_weights(update.tensors, expected)
+        tensors = validate_weights(tensors, expected)
         t0 = time.perf_counter()
         async with self.gate.exclusive():  # no request is scored half with the old weights, half with the new
             model.load_state_dict(tensors, strict=False)
-            self.version = update.version
-        return {"version": update.version, "seconds": time.perf_counter() - t0, "replica": self.replica}
+            self.version = version
+        return {"version": version, "seconds": time.perf_counter() - t0, "replica": self.replica}
+
+    # collective publication (services/learner/collective.py): join the learner's group, stage a whole
+    # broadcast, then load it when the learner commits (every replica has it)
+    def weight_group(self) -> Optional[str]:
+        return self.receiver.group_id
+
+    async def join_weight_group(self, host: str, port: int, world: int, group_id: str, timeout_s: float) -> int:
+        return await asyncio.to_thread(self.receiver.join, host, port, world, group_id, timeout_s)
+
+    async def receive_weights(self, group_id: str, version: int, plan: list, timeout_s: float) -> dict:
+        out = await asyncio.to_thread(self.receiver.receive, group_id, version, plan, timeout_s)
+        return {**out, "replica": self.replica}
+
+    async def commit_weights(self, group_id: str, version: int) -> dict:
+        if group_id != self.receiver.group_id:
+            raise RuntimeError(f"commit of group {group_id}, this replica holds {self.receiver.group_id}")
+        try:
+            return await self._load(self.receiver.tensors(version), version)
+        finally:
+            self.receiver.drop()
 
     RUNTIME_FIELDS = fields_marked(ScorerConfig, "runtime")  # marked in services/common/config.py
 
