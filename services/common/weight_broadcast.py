@@ -87,8 +87,9 @@ def send(pg, state: dict[str, torch.Tensor], plan: list[list[list]], timeout_s: 
     t0 = time.perf_counter()
     timeout = datetime.timedelta(seconds=timeout_s)
     pending: list = []
-    for bucket in plan:
-        buf = torch.empty(bucket_size(bucket), dtype=torch.uint8)
+    spare = [torch.empty(max(map(bucket_size, plan)), dtype=torch.uint8) for _ in range(min(2, len(plan)))]
+    for i, bucket in enumerate(plan):
+        buf = spare[i % len(spare)][:bucket_size(bucket)]  # two buffers, in turn: no fresh pages per bucket
         for name, _, _, off, n in bucket:
             if n:
                 buf[off:off + n].copy_(state[name].detach().contiguous().reshape(-1).view(torch.uint8))
@@ -118,6 +119,7 @@ class Receiver:
         self.group_id: str | None = None
         self.rank = -1
         self.staged: tuple | None = None  # (version, plan, buffers) of a whole received set
+        self.buffers: list[torch.Tensor] = []  # staging, kept between publications (no fresh pages each time)
 
     def join(self, host: str, port: int, world: int, group_id: str, timeout_s: float) -> int:
         """Join ``group_id`` at rank 0's store; the rank comes from the store (-1: the group is full,
@@ -133,7 +135,7 @@ class Receiver:
 
     def leave(self) -> None:
         close(self.pg)
-        self.pg, self.group_id, self.rank, self.staged = None, None, -1, None
+        self.pg, self.group_id, self.rank, self.staged, self.buffers = None, None, -1, None, []
 
     def receive(self, group_id: str, version: int, plan: list[list[list]], timeout_s: float) -> dict:
         """Receive every bucket of one broadcast into staging; on any failure leave the group (the
@@ -144,7 +146,10 @@ class Receiver:
         self.staged = None
         timeout = datetime.timedelta(seconds=timeout_s)
         try:
-            buffers = [torch.empty(bucket_size(b), dtype=torch.uint8) for b in plan]
+            sizes = [bucket_size(b) for b in plan]
+            if [len(b) for b in self.buffers] != sizes:
+                self.buffers = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+            buffers = self.buffers
             for work in [self.pg.broadcast([buf], _options()) for buf in buffers]:
                 work.wait(timeout)
         except Exception:

@@ -69,10 +69,9 @@ class CollectivePublisher:
 
     def _by_object_store(self, state, version, t0, error) -> dict:
         if error is not None:
-            level = logging.INFO if self.mode == "auto" and self.formation_failures else logging.WARNING
-            log.log(level, "collective publication of version %d failed (%s: %s); version %d goes by the object "
-                    "store, the weight group is rebuilt at the next publication", version, type(error).__name__,
-                    str(error)[:300], version)
+            log.warning("collective publication of version %d failed (%s: %s); it goes by the object store, "
+                        "the weight group is rebuilt at the next publication", version, type(error).__name__,
+                        str(error)[:300])
             if self.mode == "auto" and self.formation_failures >= AUTO_GIVE_UP:
                 log.warning("learner.publish=auto: no weight group formed %d times in a row; publishing by the "
                             "object store from now on", self.formation_failures)

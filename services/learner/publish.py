@@ -1,11 +1,12 @@
 """Weight publication: after a step, the new policy reaches every rollout and scorer replica.
 
-The transfer path is an interface (``WeightPublisher``). ``ObjectStorePublisher`` (the default,
-and the only path on CPU) gathers the full state dict once (rank 0), encodes it as one
+The transfer path is an interface (``WeightPublisher``). ``ObjectStorePublisher`` (the default)
+gathers the full state dict once (rank 0), encodes it as one
 ``WeightUpdate`` message, puts it in the object store once, and broadcasts the ref to every
 replica of every target deployment; each replica loads it (rollout: in-place vLLM reload; scorer:
-atomic swap) and from then on reports the new version. A GPU path (NCCL broadcast, or vLLM's
-weight-transfer API) can implement the same ``publish`` beside it.
+atomic swap) and from then on reports the new version. ``CollectivePublisher``
+(services/learner/collective.py, ``learner.publish: collective|auto``) implements the same
+``publish`` by a gloo broadcast and falls back to this one when its group fails.
 
     publisher = ObjectStorePublisher([rollout_handle, scorer_handle])
     report = publisher.publish(group.full_state_dict(), version=step)

@@ -11,7 +11,8 @@ Handle methods:
 
 One step: advantages per trajectory batch (docs/algorithm.md, section 5) -> per-turn samples -> one
 PPO/GRPO update on W ranks -> version + 1 -> every ``learner.checkpoint_every`` steps a sharded
-checkpoint in ``train.run_dir`` -> the full state dict to every replica of ``learner.publish_to``.
+checkpoint in ``train.run_dir`` -> the full state dict to every replica of ``learner.publish_to``
+(``learner.publish``: by the object store, or by a gloo group, services/learner/collective.py).
 On start it resumes from the latest complete checkpoint of ``train.run_dir`` (``learner.resume``).
 A worker that dies mid-update gets the group rebuilt from that checkpoint (see ``_train_step``).
 
@@ -179,6 +180,8 @@ class LearnerService:
                        prompt_groups=sum(len(t.groups) for t in trajs),
                        prompt_groups_unique=len({g.prompt.uid for t in trajs for g in t.groups}),
                        stale_score_batches=float(stale_scores), stale_samples_dropped=float(stale_samples), **stages)
+        if "path" in report:  # learner.publish collective/auto: 1 when this step's weights went by the group
+            metrics["publish_collective"] = float(report["path"] == "collective")
         metrics["groups"] = shown  # not a metric: the driver writes it to groups.jsonl
         return metrics
 

@@ -117,3 +117,40 @@ def _versions(handle) -> list[int]:
     from services.learner.publish import broadcast
 
     return [r["version"] for r in broadcast(handle, "info")[0]]
+
+
+class _Reply:
+    def __init__(self, value):
+        self.value = value
+
+    def results(self, timeout_s=None, return_exceptions=False):
+        return [self.value]
+
+
+class _NoGroupReplica:
+    """A deployment handle whose one replica cannot join a weight group (e.g. no route to the learner)."""
+
+    def __init__(self):
+        self.versions = []
+
+    def broadcast(self, method, *args):
+        if method == "weight_group":
+            return _Reply(None)
+        if method == "join_weight_group":
+            return _Reply(RuntimeError("no route to the learner's store"))
+        assert method == "update_weights"
+        self.versions.append(args[1])
+        return _Reply({"version": args[1]})
+
+
+def test_auto_falls_back_and_stops_trying_after_failed_formations(ray_cluster, caplog):
+    from services.learner.collective import AUTO_GIVE_UP
+
+    replica = _NoGroupReplica()
+    pub = CollectivePublisher([replica], "auto", form_timeout_s=1)
+    state = {"w": torch.ones(3)}
+    with caplog.at_level("WARNING", logger="mempo.learner"):
+        paths = [pub.publish(state, v)["path"] for v in range(AUTO_GIVE_UP + 2)]
+    assert paths == ["object_store"] * (AUTO_GIVE_UP + 2) and replica.versions == list(range(AUTO_GIVE_UP + 2))
+    assert pub.formation_failures == AUTO_GIVE_UP  # no group tried after the third failure
+    assert "goes by the object store" in caplog.text and "object store from now on" in caplog.text

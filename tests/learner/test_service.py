@@ -1,4 +1,5 @@
-"""The learner deployment: one MemPO step from real rollout and scorer messages, published back."""
+"""The learner deployment: one MemPO step from real rollout and scorer messages, published back (by the
+object store and by the collective, ``learner.publish``)."""
 
 import pytest
 from ray import serve
@@ -13,14 +14,15 @@ from services.scorer.service import scorer_app
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.parametrize("publish", ["object_store", "collective"])
 def test_one_step_from_rollout_and_scores_to_new_version(ray_cluster, serve_http, rollout_service, grammar_model,
-                                                          world, tmp_path):
+                                                          world, tmp_path, publish):
     r_handle, r_cfg = rollout_service
     v0 = r_handle.info.remote().result()["version"]
     cfg = load_config("deploy/configs/tiny.yaml", [
         f"model.path={grammar_model}", "scorer.num_cpus=0.25", "learner.num_cpus_per_worker=0.25",
         "learner.checkpoint_every=1", f"train.run_dir={tmp_path / 'run'}",
-        "learner.publish_to=[rollout:rollout, scorer_l:scorer]"])
+        "learner.publish_to=[rollout:rollout, scorer_l:scorer]", f"learner.publish={publish}"])
     s_handle = serve.run(scorer_app(cfg), name="scorer_l", route_prefix="/scorer_l")
     l_handle = serve.run(learner_app(cfg), name="learner", route_prefix=None)
     try:
@@ -31,6 +33,7 @@ def test_one_step_from_rollout_and_scores_to_new_version(ray_cluster, serve_http
         m = l_handle.step.remote(traj_refs, score_refs).result()
         assert m["version"] == 1 and m["step"] == 1 and m["samples"] > 0 and m["tokens"] > 0
         assert m["published_replicas"] == 2
+        assert m.get("publish_collective") == (1.0 if publish == "collective" else None)  # no fallback
         assert r_handle.info.remote().result()["version"] == 1
         assert s_handle.info.remote().result()["version"] == 1
         assert "checkpoint" in m and (tmp_path / "run" / "checkpoints" / "step_00000001" / "COMPLETE").is_file()

@@ -13,7 +13,8 @@ step on it while a thread kills one thing:
 - step 5: a learner worker (rank 1), while the group runs the update.
 
 Each test prints what the fault cost (seconds, retries); the README's "Reliability" figures are theirs.
-Run alone: ``pytest -s tests/pipeline/test_faults.py``.
+Run alone: ``pytest -s tests/pipeline/test_faults.py``; ``MEMPO_TEST_PUBLISH=collective`` runs the same
+faults with the weights published by the collective (learner.publish, services/learner/collective.py).
 """
 
 import json
@@ -46,7 +47,8 @@ def run(serve_http, grammar_model, world, tmp_path_factory):
         f"rollout.n={N}", "rollout.replicas=1", "rollout.num_cpus=0.2", "rollout.max_turns=3",
         "rollout.max_response_tokens=64", "rollout.groups_per_call=1", "search.num_cpus=0.05", "search.retries=0",
         "search.timeout_s=5", "scorer.num_cpus=0.1", "learner.world_size=2", "learner.num_cpus_per_worker=0.1",
-        "learner.kl_coef=0", "learner.checkpoint_every=1", "eval.during_training_per_k=1", "eval.objectives=[1]"])
+        "learner.kl_coef=0", "learner.checkpoint_every=1", "eval.during_training_per_k=1", "eval.objectives=[1]",
+        f"learner.publish={os.environ.get('MEMPO_TEST_PUBLISH', 'object_store')}"])  # collective: the same faults
     out = train(cfg)
     assert out["step"] == 1
     yield cfg, run_dir
