@@ -50,7 +50,7 @@ class UnsupportedArchitecture(ValueError):
 
 def gguf_architecture(path: str | Path) -> str:
     """The ``general.architecture`` field of a GGUF file (reads its metadata, not its weights)."""
-    from gguf import GGUFReader
+    from gguf import GGUFReader  # an optional package (gguf), on use
 
     reader = GGUFReader(str(path))
     field = reader.fields.get("general.architecture")
@@ -61,7 +61,7 @@ def gguf_architecture(path: str | Path) -> str:
 
 def supported_architectures() -> list[str]:
     """The GGUF architectures transformers can turn into a model (its ``GGUF_SUPPORTED_ARCHITECTURES``)."""
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES  # transformers on use
 
     return sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
 
@@ -87,8 +87,8 @@ def _check_dtype(name: str) -> str:
 
 def _build(gguf: Path, folder: Path, dtype_name: str) -> None:
     """Write the whole model folder for ``gguf`` into ``folder`` (which exists and is empty)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # torch on use
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # transformers on use
 
     t0 = time.perf_counter()
     log.info("reading the tokenizer of %s", gguf.name)

@@ -148,8 +148,8 @@ def install_error_handlers(app: FastAPI) -> None:
 def document_body(app: FastAPI, path: str, *models: type[BaseModel]) -> None:
     """Show ``models`` (one of them) as the JSON request body of POST ``path`` in /openapi.json and
     /docs. The route itself keeps reading the body with ``read_json``: FastAPI never parses it."""
-    from fastapi.openapi.utils import get_openapi
-    from pydantic.json_schema import models_json_schema
+    from fastapi.openapi.utils import get_openapi  # FastAPI on use (the OpenAPI page alone)
+    from pydantic.json_schema import models_json_schema  # the same
 
     def openapi():
         if app.openapi_schema is None:

@@ -38,8 +38,8 @@ def start_node(name: str, num_cpus: int, resources: dict, join: str | None, temp
                object_store_memory: int, dashboard: bool, system_config: dict | None = None):
     """Start one node's processes (GCS and dashboard too for a head); returns the ``Node``."""
     use_loopback_node()
-    from ray._private.node import Node
-    from ray._private.parameter import RayParams
+    from ray._private.node import Node  # Ray on use
+    from ray._private.parameter import RayParams  # Ray on use
 
     gcs, agent, agent_grpc, metrics, env_agent, client, dash = free_ports(7)
     params = RayParams(num_cpus=num_cpus, num_gpus=0, resources=resources, node_name=name,
@@ -56,7 +56,7 @@ def start_node(name: str, num_cpus: int, resources: dict, join: str | None, temp
 
 
 def node_info(node, name: str) -> dict:
-    from ray._private import ray_constants
+    from ray._private import ray_constants  # Ray on use
 
     raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process
     url = node.webui_url if node.head else None

@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import random
 import secrets
+import signal
 import socket
+import threading
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,8 +58,6 @@ def _ephemeral_start() -> int:
 def free_ports(n: int) -> list[int]:
     """``n`` distinct ports free on loopback now (all held open together, so none repeats), chosen at
     random below the ephemeral range where one exists, so no outgoing connection takes one meanwhile."""
-    import random
-
     socks: list[socket.socket] = []
     candidates = list(range(_PORTS_FROM, _ephemeral_start()))
     random.SystemRandom().shuffle(candidates)
@@ -113,10 +114,7 @@ def init_keeping_sigterm(**options: Any) -> None:
     """``ray.init(**options)``, leaving a callable SIGTERM handler of this process in place: ray.init
     replaces it with ``sys.exit``, after which a ``kill`` aborted a mempo command at exit (rc 134)
     instead of stopping it like Ctrl-C (services/cli.py ``stop_like_ctrl_c``)."""
-    import signal
-    import threading
-
-    import ray
+    import ray  # Ray on use: the address and port helpers here need none
 
     main_thread = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
@@ -182,7 +180,7 @@ def keep_serve_grpc_on_loopback() -> None:
 
 
 def _node_is_loopback() -> bool:
-    import ray
+    import ray  # Ray on use (see init_keeping_sigterm)
 
     try:
         return is_loopback(ray.util.get_node_ip_address())

@@ -165,7 +165,7 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
 
 def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
     """Parameter names and shapes of a saved HF checkpoint (read from safetensors headers)."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # safetensors (torch) on use
 
     shapes = {}
     for f in sorted(Path(model_dir).glob("*.safetensors")):

@@ -110,7 +110,7 @@ class ReplicaWatch:
         self.waits = 0  # how many waits saw a replacement starting
 
     def look(self) -> Seen:
-        from ray import serve
+        from ray import serve  # Ray on use
 
         app = serve.status().applications.get(self.app)
         d = app.deployments.get(self.deployment) if app is not None else None
@@ -127,7 +127,7 @@ class ReplicaWatch:
         again when Serve refuses it outright (DeploymentUnavailableError: no replica at that moment).
         Raises NoReplica, or TimeoutError (the call cancelled), when no replica will take it within the
         limit that applies."""
-        from ray.serve.exceptions import DeploymentUnavailableError
+        from ray.serve.exceptions import DeploymentUnavailableError  # Ray on use
 
         t0 = time.monotonic()
         wait = self.wait(what)
@@ -153,7 +153,7 @@ class ReplicaWatch:
     def when_available(self, fn, what: str):
         """``fn()``, tried again while Serve refuses it for want of a replica (DeploymentUnavailableError)
         and a replica is worth waiting for; raises NoReplica or TimeoutError when none is."""
-        from ray.serve.exceptions import DeploymentUnavailableError
+        from ray.serve.exceptions import DeploymentUnavailableError  # Ray on use
 
         t0, wait = time.monotonic(), self.wait(what)
         while True:
@@ -213,12 +213,12 @@ class Wait:
 
 def _node_resources() -> tuple[list[dict[str, float]], list[dict[str, float]] | None]:
     """(total, free) resources of each live node; free None when this Ray cannot say."""
-    import ray
+    import ray  # Ray on use
 
     alive = [n for n in ray.nodes() if n["Alive"]]
     totals = [dict(n["Resources"]) for n in alive]
     try:
-        from ray._private.state import available_resources_per_node
+        from ray._private.state import available_resources_per_node  # Ray on use
 
         per_node = available_resources_per_node()
         free = [dict(per_node.get(n["NodeID"], {})) for n in alive]

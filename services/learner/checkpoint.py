@@ -62,9 +62,9 @@ def set_rng_state(state: dict) -> None:
 
 def save_sharded(path: Path, model, optim, sched, step: int, rank: int, extra: dict) -> None:
     """Collective: every rank calls it with the same ``path``."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    import torch.distributed as dist  # torch.distributed on use (the FSDP ranks)
+    import torch.distributed.checkpoint as dcp  # torch.distributed on use (the FSDP ranks)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict  # (the same)
 
     if rank == 0 and path.exists():
         shutil.rmtree(path)  # an older, incomplete attempt at the same step
@@ -106,8 +106,8 @@ def rng_file(path: Path, rank: int) -> Path:
 def load_sharded(path: Path, model, optim, sched, rank: int) -> tuple[int, dict]:
     """Collective: restore model, optimizer, schedule and RNG; returns (step, the driver's extra). Any
     world size: the state is resharded and the RNG states mapped as the module docstring says."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
+    import torch.distributed.checkpoint as dcp  # torch.distributed on use (the FSDP ranks)
+    from torch.distributed.checkpoint.state_dict import (  # torch.distributed on use (the FSDP ranks)
         get_model_state_dict,
         get_optimizer_state_dict,
         set_model_state_dict,

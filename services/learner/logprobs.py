@@ -33,7 +33,7 @@ METHOD = "mempo_token_logprobs"
 
 def install(model) -> None:
     """Register the chunked computation as one of ``model``'s FSDP2 forward methods (after ``fully_shard``)."""
-    from torch.distributed.fsdp import register_fsdp_forward_method
+    from torch.distributed.fsdp import register_fsdp_forward_method  # torch.distributed on use (the FSDP ranks)
 
     setattr(model, METHOD, types.MethodType(_chunked, model))
     register_fsdp_forward_method(model, METHOD)

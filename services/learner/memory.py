@@ -112,6 +112,6 @@ def available_bytes(device: str) -> float:
     """Memory a rank may use: free GPU memory on CUDA, else the machine's available memory."""
     if device == "cuda":
         return float(torch.cuda.mem_get_info()[0])
-    import psutil
+    import psutil  # not a dependency of ours (vLLM's): on use, on CPU ranks only
 
     return float(psutil.virtual_memory().available)

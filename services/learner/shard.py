@@ -29,7 +29,7 @@ from services.learner.logprobs import install
 
 def mixed_precision(dtype: torch.dtype):
     """FSDP2's policy for a compute dtype: None for fp32, else fp32 masters with ``dtype`` compute."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import MixedPrecisionPolicy  # torch.distributed on use (the FSDP ranks)
 
     if dtype == torch.float32:
         return None
@@ -41,8 +41,8 @@ def load_model(model_dir: str, dtype: torch.dtype, mesh, device: str, frozen: bo
     """A causal LM from ``model_dir``, sharded with ``fully_shard`` per decoder layer and then the
     root, with the chunked log-prob method installed (services/learner/logprobs.py). The trainable
     policy gets fp32 masters (module docstring); ``frozen`` loads in ``dtype``, without gradients."""
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoModelForCausalLM
+    from torch.distributed.fsdp import fully_shard  # torch.distributed on use (the FSDP ranks)
+    from transformers import AutoModelForCausalLM  # transformers on use
 
     mp = None if frozen else mixed_precision(dtype)
     load_dtype = dtype if frozen or mp is None else torch.float32

@@ -52,7 +52,7 @@ def tree_logprobs(model, trunk: list[int], branches: list[Branch], token_budget:
     only ever holds the trunk. (One forward with the chunk and its branches under a single 4D mask
     puts the same tokens through the model but was ~1.1-1.2x slower on CPU: a custom mask leaves
     the causal fast path.)"""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # transformers on use
 
     for b in branches:
         if not 1 <= b.attach <= len(trunk):

@@ -33,7 +33,7 @@ class TextEncoder:
 
     def __init__(self, path: str | Path, query_prefix: str = "query: ", passage_prefix: str = "passage: ",
                  max_length: int = 256, batch_size: int = 64):
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel, AutoTokenizer  # transformers on use
 
         if not Path(path).is_dir():
             raise FileNotFoundError(f"embedding model directory {str(path)!r} does not exist")

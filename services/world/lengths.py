@@ -60,7 +60,7 @@ def token_counter(tokenizer):
 def oracle_lengths(cfg: MempoConfig, world: Path, per_k: int = 50, seed: int = 0) -> dict[int, dict[str, float]]:
     """Per held-out k: the oracle's (perfect) episodes' lengths on ``per_k`` test prompts, against
     ``cfg.rollout``'s limits (see the module docstring)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # transformers on use
 
     count = token_counter(AutoTokenizer.from_pretrained(str(world / "model")))
     agent = index_oracle(cfg, BM25Index.load(world / "index" / "bm25"), cfg.world.oracle_max_turns)

@@ -50,7 +50,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 def pretrain(model_dir: Path, texts: list[str], cfg: WorldConfig, progress: bool = True) -> dict:
     """Train the model saved in ``model_dir`` for ``cfg.pretrain_tokens`` tokens; save it back."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # transformers on use
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

