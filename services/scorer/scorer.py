@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+from services.common.choices import SCORED_ANSWERS
 from services.common.config import MempoConfig, ScorerConfig, fields_marked
 from services.common.memory_reward import memory_reward
 from services.common.memory_sections import memory_sections
@@ -172,11 +173,12 @@ class MemoryScorer:
                     else [-1] * len(blocks))  # no tokenizer (synthetic ids): nothing to judge
         scores: list[MemoryScore] = []
         unshown = 0
+        only_shown = SCORED_ANSWERS.check(self.cfg.scored_answers) == "shown"  # an unknown value raises
         for (ei, ti), mem, kept, found in zip(blocks, mem_lp, retained, shown):
-            if self.cfg.scored_answers == "shown" and not found:
+            if only_shown and not found:
                 unshown += 1
                 continue
-            only = sorted(found) if self.cfg.scored_answers == "shown" else None  # None: every question
+            only = sorted(found) if only_shown else None  # None: every question
             full = full_lp[(ei, ti)]
             r = self.reward(full, mem, cont, only)
             t = group.episodes[ei].turns[ti]
