@@ -19,8 +19,8 @@ For each shell line in the README's code blocks:
   names exist.
 
 Also every repository path and local link the README mentions (code or prose) exists, with the
-heading a link's #anchor names, and no doc cites a ``../shared`` path. A failure names the README
-line. No Ray, no model: a few seconds (importing the scorer's module imports torch).
+heading a link's #anchor names, and no doc names a relative path that leaves the repository (a
+file a user's clone does not have). A failure names the README line. No Ray, no model: a few seconds (importing the scorer's module imports torch).
 """
 
 from __future__ import annotations
@@ -355,12 +355,17 @@ def test_every_path_and_link_the_readme_names_exists():
     assert not missing, "\n".join(missing)
 
 
-def test_no_doc_cites_a_shared_checkout_path():
-    """Docs name paths of this repository, never ``../shared`` (a path outside it, on one machine)."""
+def test_no_doc_names_a_path_outside_the_repository():
+    """Docs name paths of this repository only: a relative path (``../x/y.md``, in a link or in prose)
+    that resolves outside the checkout names a file a user's clone does not have."""
     docs = [README, ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    bad = [f"{d.relative_to(ROOT)} line {n}" for d in docs
-           for n, line in enumerate(d.read_text().splitlines(), 1) if "../shared" in line]
-    assert not bad, "cites ../shared: " + ", ".join(bad)
+    bad = []
+    for d in docs:
+        for n, line in enumerate(d.read_text().splitlines(), 1):
+            for rel in re.findall(r"(?<![\w/.])((?:\.\./)+[\w.-]+)", line):
+                if not (d.parent / rel).resolve().is_relative_to(ROOT):
+                    bad.append(f"{d.relative_to(ROOT)} line {n}: {rel}")
+    assert not bad, "names a path outside the repository: " + ", ".join(bad)
 
 
 def test_the_readme_shows_commands():
