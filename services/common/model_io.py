@@ -132,10 +132,13 @@ def _no_prefix_after_special(tokenizer) -> bool:
     return rule
 
 
+CONTINUATION_ANCHORS = ("\n", ".", "a")  # one-character texts put before a continuation, their ids dropped
+
+
 def _continuation_ids(tokenizer, text: str) -> list[int]:
     """Ids of ``text`` encoded as a continuation: behind a one-character anchor whose ids are a prefix
     of the result, those ids dropped (the dummy-prefix space goes to the anchor)."""
-    for anchor in ("\n", "a", "."):
+    for anchor in CONTINUATION_ANCHORS:
         head, full = text_ids(tokenizer, anchor), text_ids(tokenizer, anchor + text)
         if full[:len(head)] == head:
             return full[len(head):]

@@ -75,6 +75,7 @@ class PolicyEngine:
         self.restarts = 0
         self._folder_version = 0
         self.last_restart_s = 0.0
+        self._staged = None  # (version, plan) of a collective broadcast received, not yet committed
         self.engine = self._start()
 
     def _start(self):
@@ -236,7 +237,7 @@ class PolicyEngine:
 
     async def commit_weights(self, version: int) -> float:
         """Load the staged set of ``version`` as the policy (the same gate as ``update_weights``)."""
-        staged, self._staged = getattr(self, "_staged", None), None
+        staged, self._staged = self._staged, None
         if staged is None or staged[0] != version:
             raise RuntimeError(f"no whole set of version {version} staged in this engine")
         shapes = {name: torch.empty(shape, device="meta") for b in staged[1] for name, _, shape, _, _ in b}

@@ -28,7 +28,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-from services.common.model_io import mixed_ids
+from services.common.model_io import CONTINUATION_ANCHORS, mixed_ids
 from services.common.token_text import TokenText
 
 
@@ -62,9 +62,6 @@ def gold_text(golds: list[list[str]], joiner: str = "; ") -> str:
     return joiner.join(gold_answers(golds))
 
 
-_ANCHORS = ("\n", ".", "a")
-
-
 def continuation_ids(tokenizer, parts: list[tuple[str, bool]], tt: TokenText) -> list[int]:
     """``mixed_ids`` of ``parts`` as a continuation of earlier tokens: when the tokenizer adds a
     dummy-prefix space, the ids of the parts behind an anchor whose ids are a prefix of them, that
@@ -73,7 +70,7 @@ def continuation_ids(tokenizer, parts: list[tuple[str, bool]], tt: TokenText) ->
     ids = mixed_ids(tokenizer, parts)
     if tt.decode(ids)[0] == text:
         return ids
-    for anchor in _ANCHORS:
+    for anchor in CONTINUATION_ANCHORS:
         head = mixed_ids(tokenizer, [(anchor, False)])
         full = mixed_ids(tokenizer, [(anchor, False)] + list(parts))
         if full[:len(head)] == head and tt.decode(full[len(head):])[0] == text:
