@@ -1,8 +1,8 @@
 """Weight publication: after a step, the new policy reaches every rollout and scorer replica.
 
-The transfer path is an interface (``WeightPublisher``). ``ObjectStorePublisher`` (the default)
-gathers the full state dict once (rank 0), encodes it as one
-``WeightUpdate`` message, puts it in the object store once, and broadcasts the ref to every
+The transfer path is an interface (``WeightPublisher``). ``ObjectStorePublisher`` (small models'
+path under ``learner.publish: auto``, the default) gathers the full state dict once (rank 0),
+encodes it as one ``WeightUpdate`` message, puts it in the object store once, and broadcasts the ref to every
 replica of every target deployment; each replica loads it (rollout: in-place vLLM reload; scorer:
 atomic swap) and from then on reports the new version. ``CollectivePublisher``
 (services/learner/collective.py, ``learner.publish: collective|auto``) implements the same

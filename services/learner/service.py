@@ -111,7 +111,8 @@ class LearnerService:
             from services.learner.rendezvous import LOOPBACK, NODE
 
             self.publisher = CollectivePublisher(handles, self.cfg.learner.publish,
-                                                 NODE if self.cfg.ray.address else LOOPBACK)
+                                                 NODE if self.cfg.ray.address else LOOPBACK,
+                                                 min_bytes=int(self.cfg.learner.collective_min_mb * 1e6))
         self.busy = asyncio.Lock()
         self.restarts, self.last_restart_s = 0, 0.0
         self.phase = "idle"  # "train_step" while the workers update
