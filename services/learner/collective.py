@@ -38,13 +38,19 @@ import torch
 
 from services.common import weight_broadcast as wb
 from services.learner.publish import ObjectStorePublisher, broadcast
-from services.learner.rendezvous import LOOPBACK, group_store, listen
+from services.learner.rendezvous import LOOPBACK, NODE, group_store, listen
 
 log = logging.getLogger("mempo.learner")
 
 FORM_TIMEOUT_S = 60.0  # every replica joins within this (a vLLM engine answers between its steps)
 MIN_RATE = 20e6  # bytes/s: the transfer's timeout is FORM_TIMEOUT_S + bytes / MIN_RATE
 AUTO_GIVE_UP = 3
+
+
+def store_host(ray_address: str) -> str:
+    """Where the group's listeners bind (rank 0's store and every rank's gloo pairs): loopback on one
+    machine (no ``ray.address``), this node's cluster address in cluster mode; never every interface."""
+    return NODE if ray_address else LOOPBACK
 
 
 class CollectivePublisher:

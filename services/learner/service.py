@@ -107,11 +107,9 @@ class LearnerService:
         if self.cfg.learner.publish == "object_store":
             self.publisher = ObjectStorePublisher(handles)
         else:  # the group's listeners: loopback on one machine, this node's address on a cluster
-            from services.learner.collective import CollectivePublisher
-            from services.learner.rendezvous import LOOPBACK, NODE
+            from services.learner.collective import CollectivePublisher, store_host
 
-            self.publisher = CollectivePublisher(handles, self.cfg.learner.publish,
-                                                 NODE if self.cfg.ray.address else LOOPBACK,
+            self.publisher = CollectivePublisher(handles, self.cfg.learner.publish, store_host(self.cfg.ray.address),
                                                  min_bytes=int(self.cfg.learner.collective_min_mb * 1e6))
         self.busy = asyncio.Lock()
         self.restarts, self.last_restart_s = 0, 0.0
