@@ -91,7 +91,7 @@ def policy_dir(cfg, spec: str) -> Path:
 
 def templates(cfg) -> dict[str, str]:
     """The reference's sentence and the policy's own answering turn (scorer.answer_template's names)."""
-    from services.common.config import ANSWER_TEMPLATES
+    from services.scorer.settings import ANSWER_TEMPLATES
 
     return dict(ANSWER_TEMPLATES)
 

@@ -14,7 +14,10 @@ must (``WORLD_USES``): it writes the search tool's BM25 index, and records the o
 exactly as the rollout records its own.
 
 Every import goes to a strictly lower floor, so no chain of imports can come back to where it
-started: there are no import cycles between packages.
+started: there are no import cycles between packages. One exception, by design: each package declares
+its own config section in ``services/<package>/settings.py``, and services/common/config.py composes
+them into one tree. A settings module imports only common's config leaves (``CONFIG_LEAVES``, which
+import no config), so the composition's upward imports cannot come back either.
 """
 
 import ast
@@ -29,6 +32,17 @@ WORLD_USES = {
     "services.search_tool.bm25_index": "the world builds the index the search tool loads; its oracle searches it",
     "services.rollout.records": "oracle transcripts become episodes exactly as the rollout records its own",
 }
+
+
+# The composition (services/common/config.py) and the only modules a settings module may import.
+COMPOSITION = "services/common/config.py"
+CONFIG_LEAVES = ("services.common.config_fields", "services.common.choices", "services.common.memory_reward",
+                 "services.common.turn_format")
+
+
+def _composes(module: str, where: str) -> bool:
+    """An import of a package's settings module by the config composition."""
+    return where.startswith(COMPOSITION + ":") and module.startswith("services.") and module.endswith(".settings")
 
 
 def _package(module: str) -> str | None:
@@ -80,7 +94,8 @@ def test_every_package_has_a_floor():
 def test_packages_import_only_downward():
     order = " < ".join("{" + ", ".join(f) + "}" if len(f) > 1 else f[0] for f in FLOORS)
     wrong = [f"{where}: {own} imports {other}" + (" (side by side)" if FLOOR[other] == FLOOR[own] else "")
-             for own, other, where in package_imports() if FLOOR[other] >= FLOOR[own]]
+             for own, other, where in package_imports()
+             if FLOOR[other] >= FLOOR[own] and not _composes(f"services.{other}.settings", where)]
     assert not wrong, f"imports against the floors {order}:\n" + "\n".join(wrong)
 
 
@@ -107,3 +122,15 @@ def test_the_check_sees_function_local_relative_and_package_imports(tmp_path):
     assert edges == {("rollout", "scorer"), ("rollout", "world"), ("rollout", "learner"), ("rollout", "common")}
     modules = {module for _own, module, _where in module_imports(tmp_path)}
     assert modules == {"services.scorer", "services.world.build", "services.learner", "services.common.codec"}
+
+
+def test_the_config_composition_imports_only_settings_modules_that_cannot_import_it_back():
+    upward = [(module, where) for own, module, where in module_imports() if own == "common" and FLOOR[_package(module)] > 0]
+    assert upward and all(_composes(module, where) for module, where in upward), upward
+    settings = sorted((ROOT / "services").glob("*/settings.py"))
+    assert {f"services.{p.parent.name}.settings" for p in settings} == {m for m, _ in upward} | {"services.common.settings"}
+    # a settings module, and each config leaf, imports only config leaves (never services.common.config)
+    for path in settings + [ROOT / (leaf.replace(".", "/") + ".py") for leaf in CONFIG_LEAVES]:
+        wrong = [f"{path.relative_to(ROOT)}:{line}: {module}" for line, module in _imports(path, ROOT)
+                 if module.startswith("services") and module not in CONFIG_LEAVES]
+        assert not wrong, "a settings module or config leaf imports beyond the config leaves:\n" + "\n".join(wrong)

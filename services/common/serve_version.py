@@ -11,7 +11,7 @@ the ``services`` package's source: same config and code, same version, running r
 replica-count change is a lightweight Serve update; anything else redeploys.
 
 The version of a service covers only the config sections its replicas read
-(services/common/service_sections.py ``SECTIONS``, the common half of the service registry):
+(services/common/service_sections.py, derived from what each service package declares):
 two configs that differ elsewhere (another ``train.run_dir``, ``algorithm.use_memory_reward``, a learner
 setting) deploy the search, rollout and scorer replicas that already run, untouched, so ``mempo compare``
 restarts only what a variant changes. The replicas are still built with the whole config (the
@@ -29,7 +29,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from services.common.service_sections import sections_of
+from services.common.service_sections import sections_read
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,9 +42,9 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def service_slice(replica_config: dict, service: str) -> dict:
-    """The part of a replica config that ``service``'s replicas read (``SECTIONS``)."""
-    keep = sections_of(service)
+def service_slice(replica_config: dict, package: str) -> dict:
+    """The part of a replica config that the replicas of ``services/<package>/`` read."""
+    keep = sections_read(package)
     if keep is None:
         return dict(replica_config)
     out: dict = {}
@@ -59,13 +59,14 @@ def service_slice(replica_config: dict, service: str) -> dict:
     return out
 
 
-def deployment_version(replica_config: dict, service: str) -> str:
-    text = json.dumps(service_slice(replica_config, service), sort_keys=True, default=str)
-    return hashlib.sha256((source_digest() + service + text).encode()).hexdigest()[:20]
+def deployment_version(replica_config: dict, package: str) -> str:
+    """The code version of the service in ``services/<package>/`` under this replica config."""
+    text = json.dumps(service_slice(replica_config, package), sort_keys=True, default=str)
+    return hashlib.sha256((source_digest() + package + text).encode()).hexdigest()[:20]
 
 
-def pinned(deployment, replica_config: dict, service: str):
-    """``deployment`` with the code version of this service's config sections and the code (Serve's
+def pinned(deployment, replica_config: dict, package: str):
+    """``deployment`` with the code version of its service's config sections and the code (Serve's
     internal option: the public ``options(version=...)`` was removed, and ``serve.run`` otherwise draws
-    a random one)."""
-    return deployment.options(version=deployment_version(replica_config, service), _internal=True)
+    a random one); ``package`` is the service's package under services/."""
+    return deployment.options(version=deployment_version(replica_config, package), _internal=True)

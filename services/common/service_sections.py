@@ -1,33 +1,43 @@
-"""The services and the config sections their replicas read: the half of the service registry that
-the services themselves need (a leaf: the standard library only).
+"""The config sections a service's replicas read, derived from what its package declares.
 
-The pipeline's registry (services/pipeline/registry.py) builds on this table: it adds each service's
-app builder, deployment options, driver and restart rule, and lists the services in the same order.
+    sections_read("rollout")   # ('rollout', 'model', 'engine', 'search', 'world', 'ray')
+    sections_read("learner")   # None: every section
+
+A service package owns the sections its ``settings.py`` defines (services/common/config.py composes
+them into the tree) and names in ``READS`` the other sections (or single fields, ``"rollout.system_prompt"``)
+its replicas read; ``READS = None`` means every section. The map is these two put together, so there is
+no table to keep by hand: a new section read is one word next to the code that reads it, and
+tests/common/test_service_sections.py scans each package for the sections its code touches.
+
 A service's Serve code version (services/common/serve_version.py) covers only its sections, so a
 config change restarts exactly the services that read what changed (``mempo compare`` keeps the rest).
-
-Each entry is a section (``"search"``) or a single field of one (``"rollout.system_prompt"``); None
-means every section. Checked by grepping each service package for ``cfg.<section>``;
-tests/common/test_serve_version.py pins what a baseline's change restarts. ``world`` resolves a path
-still named 'world'; ``ray`` holds the call timeouts; the scorer reads only the system prompt of the
-rollout section (its REST default). The learner reads the whole config and restarts on any change.
+The pipeline's registry (services/pipeline/registry.py) gives each service its package.
 """
 
 from __future__ import annotations
 
-# In the order the pipeline deploys them: search first (the agent calls it), then the policy copies,
-# then the learner that feeds them.
-SECTIONS: dict[str, tuple[str, ...] | None] = {
-    "search": ("search", "world", "ray"),
-    "rollout": ("model", "engine", "rollout", "search", "world", "ray"),
-    "scorer": ("model", "engine", "scorer", "rollout.system_prompt", "world", "ray"),
-    "learner": None,
-}
+import functools
+import importlib
+
+from services.common.config import MempoConfig
 
 
-def sections_of(service: str) -> tuple[str, ...] | None:
-    """The config sections ``service``'s replicas read (None: every one); a ValueError for a name that
-    is not a service."""
-    if service not in SECTIONS:
-        raise ValueError(f"unknown service {service!r}; choose from {', '.join(SECTIONS)}")
-    return SECTIONS[service]
+@functools.lru_cache(maxsize=None)
+def sections_read(package: str) -> tuple[str, ...] | None:
+    """The config sections the replicas of ``services/<package>/`` read (None: every one): the sections
+    its settings module defines, then its ``READS``. A ValueError for a package with no settings module."""
+    name = f"services.{package}.settings"
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name not in (name, f"services.{package}"):
+            raise
+        raise ValueError(f"unknown service package {package!r}: services/{package}/settings.py declares a "
+                         f"service's config sections") from None
+    if not hasattr(module, "READS"):
+        raise ValueError(f"{name} declares no READS (the other config sections its replicas read, or None)")
+    if module.READS is None:
+        return None
+    owned = tuple(section for section, field in MempoConfig.model_fields.items()
+                  if field.annotation.__module__ == name)
+    return owned + tuple(module.READS)

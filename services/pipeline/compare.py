@@ -59,7 +59,7 @@ class Variant:
 # The registry every list of baselines reads (the CLI's help, `mempo compare`, the README's table,
 # which tests/pipeline/test_variants.py checks against it): a baseline that combines existing settings
 # is one entry here; a config field made for a baseline carries it as a mark instead
-# (services/common/config.py baseline(): mem_only is algorithm.outcome_on_mem's), collected last.
+# (services/common/config_fields.py baseline(): mem_only is algorithm.outcome_on_mem's), collected last.
 _ENTRIES = (
     Variant("mempo", "MemPO (memory context + memory reward)", (), True),
     Variant("mem1", "MEM1-like GRPO (memory context, no memory reward)", ("algorithm.use_memory_reward=false",), True),

@@ -4,15 +4,15 @@
     svc.app(cfg)           # the bound Serve application (what `mempo train` and serve_apps deploy)
     svc.options(cfg)       # its deployment options (`mempo plan`, the resource check, the Serve config)
     svc.driver(handle, cfg)  # what the training loop calls (None: the bare handle)
-    svc.sections           # the config sections its replicas read (services/common/service_sections.py)
+    svc.sections           # the config sections its replicas read (derived: services/common/service_sections.py)
     svc.restart            # what a replica Serve starts in place of a dead one needs (RESTART_RULES)
 
 Every place that lists the services reads this table: services/pipeline/apps.py (``application``,
 ``Pipeline.start``, ``wired``, ``scale``), services/pipeline/plan.py (``deployments``, the Serve config),
 services/pipeline/serve_apps.py (one builder per service), ``mempo serve --apps`` and ``mempo scale``;
-the Serve code version reads the sections' half in common (services/common/serve_version.py), which
-this table builds on. A new service is one entry here, one in ``SECTIONS``, and its package
-(docs/extending.md). tests/pipeline/test_registry.py checks that they agree.
+the Serve code version (services/common/serve_version.py) reads the sections each service package
+declares in its settings.py. A new service is one entry here and its package (docs/extending.md);
+tests/pipeline/test_registry.py checks that they agree.
 
 A service's builder, options and driver are named as ``"module:attribute"`` and imported on first use:
 the service modules import Ray, torch, FastAPI and vLLM's dependencies at their top, and neither
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from services.common.service_sections import SECTIONS, sections_of
+from services.common.service_sections import sections_read
 
 if TYPE_CHECKING:  # only a type here: the registry stays a leaf that `mempo --help` reads cheaply
     from services.common.config import MempoConfig
@@ -65,8 +65,14 @@ class Service:
     scalable: bool
 
     @property
+    def package(self) -> str:
+        """Its package under services/ (the one its app builder lives in)."""
+        return self.app_builder.split(".")[1]
+
+    @property
     def sections(self) -> tuple[str, ...] | None:
-        return sections_of(self.name)
+        """The config sections its replicas read (None: every one), as its package declares them."""
+        return sections_read(self.package)
 
     def app(self, cfg: MempoConfig):
         return _load(self.app_builder)(cfg)
@@ -88,7 +94,6 @@ SERVICES: dict[str, Service] = {s.name: s for s in (
     Service("learner", "services.learner.service:learner_app", "services.learner.service:deployment_options",
             "services.learner.driver:LearnerDriver", None, "resume", False),
 )}
-assert tuple(SERVICES) == tuple(SECTIONS), "services/common/service_sections.py SECTIONS lists other services"
 
 # The services that hold a copy of the policy: the learner publishes each new policy to them.
 POLICY_HOLDERS = tuple(name for name, s in SERVICES.items() if s.restart == "resync")

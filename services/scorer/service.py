@@ -197,7 +197,7 @@ class ScorerService:
         finally:
             self.receiver.drop()
 
-    RUNTIME_FIELDS = fields_marked(ScorerConfig, "runtime")  # marked in services/common/config.py
+    RUNTIME_FIELDS = fields_marked(ScorerConfig, "runtime")  # marked in services/scorer/settings.py
 
     async def reconfigure(self, user_config: dict) -> None:
         """Serve ``user_config``: change the scorer's runtime fields (``RUNTIME_FIELDS``; `mempo config

@@ -95,7 +95,7 @@ class SearchService:
         self.stats = {"requests": 0, "queries": 0, "index_passes": 0, "max_batch": 0, "bad_requests": 0}
         log.info("search replica ready: %s over %d passages (%.1fs)", self.index.backend, len(self.index), self.load_s)
 
-    RUNTIME_FIELDS = fields_marked(SearchConfig, "runtime")  # marked in services/common/config.py
+    RUNTIME_FIELDS = fields_marked(SearchConfig, "runtime")  # marked in services/search_tool/settings.py
 
     def reconfigure(self, user_config: dict) -> None:
         """Serve ``user_config``: change the search tool's runtime fields (``RUNTIME_FIELDS``; `mempo
@@ -214,4 +214,4 @@ def deployment_options(cfg: MempoConfig) -> dict:
 def search_app(cfg: MempoConfig):
     """The bound search application for ``serve.run``."""
     config = replica_config(cfg)
-    return pinned(SearchService.options(**deployment_options(cfg)), config, "search").bind(config)
+    return pinned(SearchService.options(**deployment_options(cfg)), config, "search_tool").bind(config)

@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 
 from services.common.chat_turns import (AUTO, CHATML_OBSERVATION_TEMPLATE, after_eos, observation_template,
                                         resolve_observation_template)
-from services.common.config import DEFAULT_OBSERVATION_TEMPLATE
+from services.rollout.settings import DEFAULT_OBSERVATION_TEMPLATE
 
 
 @pytest.fixture(scope="module")

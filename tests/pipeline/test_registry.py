@@ -15,7 +15,7 @@ import yaml
 
 from services.common.config import LearnerConfig, load_config, replica_config
 from services.common.serve_version import deployment_version
-from services.common.service_sections import SECTIONS
+from services.common.service_sections import sections_read
 from services.pipeline import plan, serve_apps
 from services.pipeline.apps import Pipeline
 from services.pipeline.registry import (POLICY_HOLDERS, RESTART_RULES, ROOT, SERVICES, _load, application,
@@ -25,10 +25,10 @@ TINY = "deploy/configs/tiny.yaml"
 PACKAGE = {"search": "search_tool", "rollout": "rollout", "scorer": "scorer", "learner": "learner"}
 
 
-def test_the_registry_and_the_section_map_list_the_same_services_in_the_same_order():
-    assert tuple(SERVICES) == tuple(SECTIONS) == ("search", "rollout", "scorer", "learner")
+def test_the_registry_lists_the_services_in_deploy_order_with_their_packages_and_sections():
+    assert tuple(SERVICES) == ("search", "rollout", "scorer", "learner")
     for name, svc in SERVICES.items():
-        assert svc.name == name and svc.sections == SECTIONS[name]
+        assert svc.name == name and svc.package == PACKAGE[name] and svc.sections == sections_read(PACKAGE[name])
         assert svc.restart in RESTART_RULES
     with pytest.raises(ValueError, match="unknown service 'critic'; choose from search, rollout, scorer, learner"):
         service("critic")
@@ -68,7 +68,7 @@ def test_the_plan_and_the_serve_config_read_the_registry():
 
 def test_the_version_map_covers_every_service():
     config = replica_config(load_config(TINY))
-    versions = {name: deployment_version(config, name) for name in SERVICES}
+    versions = {name: deployment_version(config, svc.package) for name, svc in SERVICES.items()}
     assert len(set(versions.values())) == len(SERVICES)
 
 

@@ -8,17 +8,16 @@ import pytest
 
 from services.common.config import MempoConfig, field_baselines, load_config, replica_config
 from services.common.serve_version import deployment_version
-from services.common.service_sections import SECTIONS
 from services.pipeline.compare import (DEFAULT_VARIANTS, VARIANTS, Run, baseline_table, parse_variants, plan_runs,
                                       seed_tables, variant_config, variants_help)
+from services.pipeline.registry import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = tuple(SECTIONS)
 
 
 def versions(overrides: list[str]) -> dict[str, str]:
     config = replica_config(load_config("deploy/configs/tiny.yaml", overrides))
-    return {s: deployment_version(config, s) for s in SERVICES}
+    return {name: deployment_version(config, svc.package) for name, svc in SERVICES.items()}
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict:
@@ -66,7 +65,7 @@ def test_a_field_marked_as_a_baseline_is_a_variant_that_sets_it_away_from_its_de
 
 def _reads(service: str, key: str) -> bool:
     """Whether ``service``'s version covers the dotted config ``key`` (services/common/serve_version.py)."""
-    keep = SECTIONS[service]
+    keep = SERVICES[service].sections
     return keep is None or key.split(".")[0] in keep or key in keep
 
 

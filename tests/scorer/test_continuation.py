@@ -3,7 +3,7 @@
 import pytest
 from transformers import AutoTokenizer
 
-from services.common.config import DEFAULT_ANSWER_TEMPLATE
+from services.scorer.settings import DEFAULT_ANSWER_TEMPLATE
 from services.scorer.continuation import build_continuation, gold_text
 
 
@@ -82,7 +82,7 @@ def test_special_token_strings_in_the_gold_are_text(tok):
 
 
 def test_each_question_keeps_its_own_answer_span(tok):
-    from services.common.config import ANSWER_TEMPLATES
+    from services.scorer.settings import ANSWER_TEMPLATES
 
     for template in ANSWER_TEMPLATES.values():
         c = build_continuation(tok, template, ["Kathryn Bigelow", "1961", "Reed College"], joiner="; ")
@@ -95,7 +95,7 @@ def test_each_question_keeps_its_own_answer_span(tok):
 
 
 def test_the_default_continuation_is_the_policys_answering_turn():
-    from services.common.config import DEFAULT_ANSWER_TEMPLATE
+    from services.scorer.settings import DEFAULT_ANSWER_TEMPLATE
     from services.common.turn_format import render_turn
     from services.world.oracle import FINAL_THINK
 

@@ -1,4 +1,4 @@
-"""Each scorer setting is said once: the config's field marks (services/common/config.py RUNTIME, RULE)
+"""Each scorer setting is said once: the config's field marks (RUNTIME, RULE in services/scorer/settings.py)
 decide what changes at runtime and what every score echoes; the REST response model, the message
 and the docs must agree with them."""
 

@@ -1,0 +1,221 @@
+"""The ``algorithm`` and ``learner`` config sections: rewards and advantages (GRPO, the memory
+reward's credit and pooling), and the policy update (PPO clip, KL, FSDP, checkpoints, weight
+publication). Composed into the config tree by services/common/config.py.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from services.common.choices import MEM_CREDIT_SCOPES, MEM_CREDITS, MEM_POOLINGS
+from services.common.config_fields import CustomResources, Section, baseline
+
+# The learner reads the whole config (it builds every sample, loss and report), so any change restarts it.
+READS = None
+
+
+class AlgorithmConfig(Section):
+    grpo_eps: float = Field(
+        1e-6, gt=0,
+        description="A_out = (R - mean) / (std + grpo_eps).",
+    )
+    mem_eps: float = Field(
+        1e-6, gt=0,
+        description="A_mem = (R_mem - mean) / (std + mem_eps).",
+    )
+    mem_pooling: Literal[MEM_POOLINGS.names] = Field(
+        "prompt",
+        description=(
+            "Which memory rewards one <mem> block is normalised against: every block of the prompt's group "
+            "(prompt, reference), those of the same turn number (prompt_turn), or those written after the same "
+            "tool responses (prompt_seen: the same passages shown, order ignored)."
+        ),
+    )
+    mem_credit: Literal[MEM_CREDITS.names] = Field(
+        "difference",
+        description=(
+            "What a <mem> block's R_mem credits before pooling: 'difference' = P_mem - P_full (reference; a memory "
+            "can score above the full history, also by writing down an answer it never saw), 'loss_only' = "
+            "min(P_mem - P_full, 0): a memory is charged for what it lost against the full history and never "
+            "credited beyond it."
+        ),
+    )
+    mem_credit_scope: Literal[MEM_CREDIT_SCOPES.names] = Field(
+        "block",
+        description=(
+            "Where a <mem> block's memory advantage lands: 'block' (reference) = A_mem of the block's R_mem on "
+            "every token of the block; 'question' = each question's section of the memory (Q<i>: ...) gets alpha * "
+            "A_mem of that question's own R_mem, pooled over the blocks that score it (a section the memory lacks: "
+            "its A_mem lands on the whole block; tokens outside every section get none), so credit for one "
+            "question's answer does not spread to the lines written about another."
+        ),
+    )
+    mem_alpha: float = Field(
+        1.0,
+        description="Weight of A_mem added on <mem> tokens (reference 1).",
+    )
+    mem_std_floor: float = Field(
+        0.0, ge=0,
+        description=(
+            "A_mem = (R_mem - mean) / (max(std, mem_std_floor) + mem_eps): a pool whose memory rewards differ by "
+            "less than the floor gets proportionally small advantages instead of unit-scale noise (0 = the "
+            "reference's plain normalisation; R_mem lies in [-1, 1])."
+        ),
+    )
+    outcome_on_mem: bool = Field(
+        True, json_schema_extra=baseline("mem_only", "MemPO, memory tokens trained by the memory reward alone", False),
+        description=(
+            "False: the <mem> tokens get no outcome advantage, only alpha * A_mem (the memory is trained by the "
+            "memory reward alone)."
+        ),
+    )
+    use_memory_reward: bool = Field(
+        True,
+        description="False gives MEM1-like GRPO on the memory context (no A_mem).",
+    )
+    answer_separator: str = Field(
+        ";",
+        description="Splits a multi-objective answer into per-question answers.",
+    )
+
+
+class LearnerConfig(Section):
+    lr: float = Field(
+        1e-6, gt=0,
+        description="AdamW learning rate.",
+    )
+    warmup_steps: int = Field(
+        0, ge=0,
+        description="Linear lr warmup steps.",
+    )
+    weight_decay: float = Field(
+        0.01, ge=0,
+        description="AdamW weight decay.",
+    )
+    grad_clip: float = Field(
+        1.0, gt=0,
+        description="Max global gradient norm.",
+    )
+    clip_eps_low: float = Field(
+        0.2, ge=0,
+        description="PPO ratio clip, lower side.",
+    )
+    clip_eps_high: float = Field(
+        0.2, ge=0,
+        description="PPO ratio clip, upper side.",
+    )
+    dual_clip_c: float = Field(
+        3.0, gt=1.0,
+        description="Dual-clip constant for negative advantages.",
+    )
+    kl_coef: float = Field(
+        0.001, ge=0,
+        description="Weight of the KL-to-reference loss term.",
+    )
+    behaviour_is: Literal["stale", "all", "off"] = Field(
+        "stale",
+        description=(
+            "Off-policy correction (decoupled PPO): weight tokens by the truncated importance ratio pi_old / "
+            "pi_behaviour. stale = only tokens sampled by an older version (a synchronous run is unchanged); all = "
+            "every token (also corrects the vLLM/learner numeric mismatch, as verl's TIS); off = none."
+        ),
+    )
+    is_cap: float = Field(
+        2.0, ge=1.0,
+        description="Truncation of the behaviour importance weight (verl's rollout_is_threshold).",
+    )
+    kl_type: Literal["low_var_kl", "k1", "k2"] = Field(
+        "low_var_kl",
+        description="KL estimator.",
+    )
+    loss_agg: Literal["seq-mean-token-mean", "token-mean"] = Field(
+        "seq-mean-token-mean",
+        description="Loss aggregation (paper: seq-mean-token-mean).",
+    )
+    micro_token_budget: int = Field(
+        8192, ge=64,
+        description="Tokens per micro-batch (gradient accumulation over micro-batches).",
+    )
+    logit_chunk_tokens: int = Field(
+        1024, ge=1,
+        description=(
+            "Positions whose vocabulary logits are held at once (log-probs computed chunk by chunk, each "
+            "recomputed in the backward)."
+        ),
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description=(
+            "Recompute each decoder layer's activations in the backward, keeping only its input. SmolLM2-135M on "
+            "CPU at 4,096 tokens: peak 10.7 -> 5.5 GB, a step ~12% slower (bench/learner_memory.py)."
+        ),
+    )
+    world_size: int = Field(
+        1, ge=1,
+        description="FSDP workers (one per GPU or CPU slot).",
+    )
+    num_cpus_per_worker: float = Field(
+        1.0, ge=0,
+        description="CPUs reserved per FSDP worker actor.",
+    )
+    resources: CustomResources = Field(
+        {},
+        description=(
+            "Custom Ray resources per FSDP worker actor, the learner's Serve replica asks 0.001 of each, to run "
+            "beside them (so give the node the workers' total plus a little, e.g. {learner_node: 1} with the node "
+            "started with learner_node=100): only nodes started with them (ray start --resources) host the "
+            "learner; `mempo plan` shows what a config needs."
+        ),
+    )
+    threads: int = Field(
+        0, ge=0,
+        description=(
+            "CPU only: torch threads per worker; 0 = its reserved CPUs (at least 1). The loop is synchronous, so "
+            "the learner may use cores the idle rollout reserved."
+        ),
+    )
+    publish_to: list[str] = Field(
+        ["rollout:rollout", "scorer:scorer"],
+        description="Deployments that receive each new policy, as 'app:deployment'.",
+    )
+    publish: Literal["object_store", "collective", "auto"] = Field(
+        "auto",
+        description=(
+            "How each new policy reaches the replicas: object_store = one msgpack state dict in Ray's object "
+            "store, each replica reloads it (rollout: through a RAM-backed safetensors file); collective = a gloo "
+            "group of the learner and every replica, the weights broadcast in 64 MiB chunks and loaded in place, a "
+            "failed broadcast (a replica dead or unreachable, bounded wait) falls back to object_store for that "
+            "publication and the group is rebuilt next time; auto = collective for a state dict of at least "
+            "learner.collective_min_mb, object_store below it, and object_store from then on when no group forms 3 "
+            "times in a row (services/learner/collective.py)."
+        ),
+    )
+    collective_min_mb: float = Field(
+        16.0, ge=0,
+        description=(
+            "learner.publish=auto: the smallest state dict (MB, 1e6 bytes) published by the collective; a smaller "
+            "one goes by the object store. Measured with bench/publish.py on 2 CPU cores (1 rollout + 1 scorer "
+            "replica): tiny model 2 MB, object store 0.086 s vs collective 0.108 s; SmolLM2-135M bf16 269 MB 1.55 "
+            "vs 0.88 s, fp32 538 MB 4.96 vs 1.44 s; a line per path through its seconds at 2 MB and at 269 or "
+            "538 MB crosses at 5-16 MB in the three runs of bench/README.md, so 16 keeps small models on the "
+            "object store."
+        ),
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto",
+        description="torch.distributed backend; auto = nccl on GPU, gloo on CPU.",
+    )
+    checkpoint_every: int = Field(
+        50, ge=1,
+        description="Sharded checkpoint every N steps.",
+    )
+    resume: Literal["auto", "never"] = Field(
+        "auto",
+        description="auto = resume from the latest complete checkpoint.",
+    )
+    sft_lr: float = Field(
+        1e-5, gt=0,
+        description="Learning rate of the SFT cold start.",
+    )

@@ -1,0 +1,142 @@
+"""The ``train`` and ``eval`` config sections: the training loop (steps, data, the SFT cold start,
+evaluation cadence, staleness, the run folder) and held-out evaluation. Only the driver reads them.
+Composed into the config tree by services/common/config.py.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from services.common.config_fields import PositiveInt, Section
+
+
+class TrainConfig(Section):
+    steps: int = Field(
+        200, ge=0,
+        description="RL steps.",
+    )
+    data: str = Field(
+        "world",
+        description="Training prompts (verl/Search-R1 parquet); 'world' = the embedded world's train.parquet.",
+    )
+    init_from_sft: bool = Field(
+        True,
+        description="Start RL from the SFT policy (train.sft_dir, written by `mempo sft`) instead of model.path.",
+    )
+    sft_dir: str = Field(
+        "",
+        description=(
+            "Where `mempo sft` writes the cold-start policy and RL reads it; empty = <run_dir>/sft/model. `mempo "
+            "compare` points every variant at one."
+        ),
+    )
+    prompts_per_step: int = Field(
+        128, ge=1,
+        description="Prompts per step (reference 128; each gets rollout.n rollouts).",
+    )
+    sft_epochs: int = Field(
+        1, ge=0,
+        description="Epochs over the oracle trajectories in the SFT cold start.",
+    )
+    sft_lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description="SFT learning rate: constant learner.sft_lr, or 5% warm-up then cosine decay to a tenth of it.",
+    )
+    sft_steps: int = Field(
+        0, ge=0,
+        description=(
+            "SFT steps; 0 = train.sft_epochs passes over the turns. A cap that keeps the cold start inside a time "
+            "budget when the oracle writes many trajectories."
+        ),
+    )
+    sft_data: str = Field(
+        "world",
+        description=(
+            "SFT trajectories: JSONL rows with 'messages' (a finished transcript) and 'em'; 'world' = the world's "
+            "oracle.jsonl."
+        ),
+    )
+    sft_min_em: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="Keep only SFT trajectories whose answer scored at least this EM (rejection sampling).",
+    )
+    sft_batch_size: int = Field(
+        32, ge=1,
+        description="Turns (context, response samples) per SFT step.",
+    )
+    sft_checkpoint_every: int = Field(
+        0, ge=0,
+        description=(
+            "SFT checkpoint every N steps in <run_dir>/sft/checkpoints (0 = every 5% of the steps); an interrupted "
+            "`mempo sft` run again with the same settings resumes from the latest, and the checkpoints are removed "
+            "once the policy is exported."
+        ),
+    )
+    sft_name_swap: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description=(
+            "Share of SFT transcripts whose people, companies and universities are renamed, consistently through "
+            "the transcript, to fresh combinations of the world's name words, so the policy must copy names rather "
+            "than recall them (services/world/name_swap.py). Needs the embedded world's SFT data."
+        ),
+    )
+    eval_every: int = Field(
+        10, ge=0,
+        description=(
+            "Evaluate on eval.during_training_per_k held-out prompts per k at the start, every N steps and at the "
+            "last step; 0 = no evaluation during training (`mempo compare` sets 0 unless given: its final "
+            "evaluation is the comparison)."
+        ),
+    )
+    max_staleness: int = Field(
+        0, ge=0,
+        description=(
+            "How many policy versions a training batch's rollouts may lag the learner: 0 = synchronous (rollout, "
+            "scoring, update, publish, in turn); s > 0 = the rollout of the next s steps runs while the learner "
+            "trains, and the loss corrects for the lag (learner.behaviour_is)."
+        ),
+    )
+    seed: int = Field(
+        0,
+        description="Seed of data order and sampling.",
+    )
+    sample_groups: int = Field(
+        2, ge=0,
+        description=(
+            "Training groups per step saved to <run_dir>/groups.jsonl for `mempo view` (every episode of a prompt, "
+            "decoded, with rewards, advantages and memory scores); 0 = none."
+        ),
+    )
+    run_dir: str = Field(
+        "runs/default",
+        description="Where checkpoints, logs and reports go.",
+    )
+
+
+class EvalConfig(Section):
+    data: str = Field(
+        "world",
+        description="Held-out prompts (parquet with extra_info.k); 'world' = the world's test.parquet.",
+    )
+    objectives: list[PositiveInt] = Field(
+        [],
+        description="Objective counts k to evaluate; empty = world.test_objectives.",
+    )
+    questions_per_k: int = Field(
+        100, ge=1,
+        description="Held-out prompts per k in `mempo eval` and the final report.",
+    )
+    during_training_per_k: int = Field(
+        16, ge=1,
+        description="Held-out prompts per k in the periodic eval during training.",
+    )
+    temperature: float = Field(
+        0.0, ge=0.0,
+        description="Sampling temperature of evaluation rollouts (0 = greedy).",
+    )
+    memory_reward: bool = Field(
+        True,
+        description="Also score the eval episodes' <mem> blocks (mean R_mem, P_mem, P_full).",
+    )
