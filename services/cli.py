@@ -41,7 +41,7 @@ from services.common.config import ConfigError, load_config
 from services.common.config import main as config_main
 from services.common.jsonl import read_jsonl
 from services.common.replicas import NoReplica
-from services.pipeline import compare, eval_cli, plan, view
+from services.pipeline import compare, eval_cli, plan_cli, view
 from services.pipeline.registry import SERVICES, route_prefix
 from services.pipeline.start_errors import ServiceStartError
 from services.world.__main__ import main as world_main
@@ -269,75 +269,8 @@ def _plan(argv: list[str]) -> int:
                    help="with --serve-config/--kuberay: do not write; fail if the file differs from what this "
                         "config generates (and, for the manifest, if its pods cannot hold the plan)")
     a = p.parse_intermixed_args(argv)
-    cfg = _load(a.args)
     path, overrides = _split(a.args)
-    if overrides and (a.serve_config or a.kuberay):
-        print("error: generated files take the recipe as it is; put overrides in the config file", file=sys.stderr)
-        return 2
-    units = plan.actors(cfg)
-    print(f"plan of {path}" + (f" with {' '.join(overrides)}" if overrides else ""))
-    print(plan.describe(units))
-    ok = True
-    nodes, where = None, ""
-    if a.node:
-        nodes = plan.parse_nodes(a.node)
-        where = f"the {len(nodes)} given node(s)"
-    elif cfg.ray.address and not (a.serve_config or a.kuberay):
-        try:
-            nodes, where = plan.cluster_nodes(cfg.ray.address), f"the cluster at ray.address={cfg.ray.address}"
-        except ConnectionError as e:
-            print(f"not checked against a cluster: ray.address={cfg.ray.address} cannot be reached ({e}); "
-                  f"start it, or pass --node specs")
-    if nodes is not None:
-        ok &= _report_fit(plan.fit(units, nodes), where)
-    rel = plan.config_relpath(path)
-    if a.serve_config:
-        text = plan.serve_config_text(cfg, rel, a.serve_config)
-        ok &= _write_or_check(Path(a.serve_config), text, a.check, yaml.safe_load)
-    if a.kuberay:
-        target = Path(a.kuberay)
-        manifest = yaml.safe_load(target.read_text())
-        try:
-            serve = plan.serve_config(cfg, plan.kuberay_config_path(manifest, rel))
-            pods = {at_most: plan.kuberay_nodes(manifest, at_most) for at_most in (False, True)}
-        except (KeyError, IndexError, TypeError, AttributeError) as e:
-            raise ValueError(f"{target} is not a RayService manifest with a head group and a container "
-                             f"({type(e).__name__}: {e})") from None
-        text = plan.kuberay_with_serve_config(target.read_text(), serve)
-        serve_of = lambda t: yaml.safe_load(yaml.safe_load(t)["spec"]["serveConfigV2"])  # noqa: E731
-        ok &= _write_or_check(target, text, a.check, serve_of)
-        for at_most, nodes in pods.items():
-            ok &= _report_fit(plan.fit(units, nodes), f"{target}'s {len(nodes)} pod(s) at "
-                                                       f"{'maxReplicas' if at_most else 'minReplicas'}", strict=at_most)
-    return 0 if ok else 1
-
-
-def _report_fit(result: tuple[list[str], list[str]], where: str, strict: bool = True) -> bool:
-    errors, warnings = result
-    for w in warnings:
-        print(f"warning: {w}")
-    if errors:
-        print(f"{'error' if strict else 'note'}: {where} cannot hold this plan:\n  " + "\n  ".join(errors),
-              file=sys.stderr if strict else sys.stdout)
-        return not strict
-    print(f"fits {where}")
-    return True
-
-
-def _write_or_check(target: Path, text: str, check: bool, parse) -> bool:
-    if not check:
-        target.write_text(text)
-        print(f"wrote {target}")
-        return True
-    if not target.is_file():
-        print(f"error: {target} does not exist; run without --check to write it", file=sys.stderr)
-        return False
-    if parse(target.read_text()) != parse(text):
-        print(f"error: {target} has drifted from the recipe; run the same command without --check to rewrite it",
-              file=sys.stderr)
-        return False
-    print(f"{target} matches the recipe")
-    return True
+    return plan_cli.run(load_config(path, overrides), path, overrides, a.node, a.serve_config, a.kuberay, a.check)
 
 
 def _view(argv: list[str]) -> int:
@@ -363,8 +296,8 @@ def _view(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"view": _view, "plan": _plan, "sft": _sft, "train": _train, "eval": _eval, "compare": _compare, "serve": _serve, "scale": _scale,
-            "index": _index, "model": _model}
+COMMANDS = {"view": _view, "plan": _plan, "sft": _sft, "train": _train, "eval": _eval, "compare": _compare,
+            "serve": _serve, "scale": _scale, "index": _index, "model": _model}
 
 
 @contextlib.contextmanager
@@ -373,8 +306,8 @@ def stop_like_ctrl_c():
     ``compare`` checkpoint the current step, ``serve`` shuts its services down), also when a shell started
     it in the background, where SIGINT arrives ignored and Python installs no handler. ``ray.init`` sets
     a SIGTERM handler of its own (``sys.exit``, after which the process aborted at exit);
-    services/common/local_ray.py ``init_keeping_sigterm``, mempo's one ``ray.init``, puts this one back. The previous handlers come back afterwards
-    (tests call ``main``)."""
+    services/common/local_ray.py ``init_keeping_sigterm``, mempo's one ``ray.init``, puts this one back.
+    The previous handlers come back afterwards (tests call ``main``)."""
     def stop(signum, frame):
         raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 

@@ -67,6 +67,8 @@ def array_field(dtype: str | None, ndim: int | None = 1, **kw: Any) -> Any:
 
 
 def _torch():
+    """torch, imported on the first tensor: the codec also serves processes that never touch one (the
+    driver's prompt batches, REST clients), and importing torch costs them seconds."""
     import torch
 
     return torch

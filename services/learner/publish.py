@@ -19,6 +19,7 @@ from typing import Protocol
 
 import ray
 import torch
+from ray.exceptions import RayActorError
 
 from services.common.codec import encode
 from services.common.messages import WeightUpdate
@@ -56,8 +57,6 @@ def broadcast(handle, method: str, *args) -> tuple[list, int]:
     """Call ``method`` on every replica of a deployment: (replies of the live ones, how many had died).
     A replica that died is being replaced by Serve; its successor is brought up to date by the next
     sync (``Pipeline.sync_weights``). Any other failure raises."""
-    from ray.exceptions import RayActorError
-
     replies, dead = [], 0
     for r in handle.broadcast(method, *args).results(return_exceptions=True):
         if isinstance(r, RayActorError):

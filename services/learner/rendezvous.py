@@ -17,6 +17,9 @@ from __future__ import annotations
 import datetime
 import socket
 
+import ray
+import torch.distributed as dist
+
 LOOPBACK = "127.0.0.1"
 NODE = "node"  # rank 0's node address in the Ray cluster (ranks on several nodes)
 RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)  # ranks of a group start together; a slow one may take minutes
@@ -25,8 +28,6 @@ RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)  # ranks of a group start to
 def bind_address(store_host: str) -> str:
     """The address ``store_host`` names: an IP as given, ``"node"`` this node's Ray address."""
     if store_host == NODE:
-        import ray
-
         return ray.util.get_node_ip_address()
     return store_host
 
@@ -44,8 +45,6 @@ def listen(store_host: str = LOOPBACK) -> socket.socket:
 
 def group_store(rank: int, world: int, host: str, port: int, listener: socket.socket | None = None):
     """Rank 0 (with its ``listener``) serves the store on that socket; every other rank connects to it."""
-    import torch.distributed as dist
-
     if rank == 0:
         if listener is None:
             raise ValueError("rank 0 serves the store: pass the socket from listen()")

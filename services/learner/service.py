@@ -28,6 +28,7 @@ import time
 import numpy as np
 import ray
 from ray import serve
+from ray.exceptions import RayActorError
 
 from services.common.codec import decode
 from services.common.config import MempoConfig, actor_options, replica_config
@@ -93,6 +94,9 @@ def publish_handles(targets: list[str]) -> list:
 @serve.deployment(name="learner")
 class LearnerService:
     def __init__(self, config: dict):
+        # The learner's torch modules are imported in the replica only: the driver imports this module to
+        # build the application (registry.py), and torch would cost it seconds it never uses.
+        from services.learner.collective import CollectivePublisher, store_host
         from services.learner.group import LearnerGroup
         from services.learner.publish import ObjectStorePublisher
 
@@ -107,8 +111,6 @@ class LearnerService:
         if self.cfg.learner.publish == "object_store":
             self.publisher = ObjectStorePublisher(handles)
         else:  # the group's listeners: loopback on one machine, this node's address on a cluster
-            from services.learner.collective import CollectivePublisher, store_host
-
             self.publisher = CollectivePublisher(handles, self.cfg.learner.publish, store_host(self.cfg.ray.address),
                                                  min_bytes=int(self.cfg.learner.collective_min_mb * 1e6))
         self.busy = asyncio.Lock()
@@ -127,6 +129,7 @@ class LearnerService:
                                f"nothing; was the node holding it lost?") from None
 
     def _step(self, traj_refs: list, score_refs: list, max_staleness: int = 0) -> dict:
+        # torch (samples) in the replica only, as in __init__
         from services.learner.advantages import compute_advantages
         from services.learner.group_samples import group_records
         from services.learner.samples import pack, turn_samples
@@ -194,8 +197,6 @@ class LearnerService:
         complete checkpoint and, when that checkpoint is of the step before this one, the update is
         done again (automatic). Otherwise the steps since that checkpoint are gone: the call fails
         saying so, and the same ``mempo train`` command resumes there."""
-        from ray.exceptions import RayActorError
-
         try:
             self.phase = "train_step"
             return self.group.train_step(batch)
@@ -218,7 +219,7 @@ class LearnerService:
 
     def _rebuild_group(self) -> int:
         """A fresh worker group at the latest complete checkpoint of the run; returns its step."""
-        from services.learner.group import LearnerGroup
+        from services.learner.group import LearnerGroup  # torch in the replica only, as in __init__
 
         try:
             self.group.shutdown()
@@ -236,7 +237,7 @@ class LearnerService:
 
     async def save(self) -> str:
         """A checkpoint of the current step (kept as is if this step already has a complete one)."""
-        from services.learner.checkpoint import MARKER, step_dir
+        from services.learner.checkpoint import MARKER, step_dir  # torch in the replica only, as in __init__
 
         async with self.busy:
             path = step_dir(self.cfg.train.run_dir, self.step_no)

@@ -49,6 +49,7 @@ class AgentLoop:
         self.slots = asyncio.Semaphore(self.rc.max_concurrent_episodes)
 
     def sampling(self, max_tokens: int, seed: int, temperature: float = -1.0):
+        # vLLM is first imported where an engine starts (PolicyEngine.start, after its thread settings)
         from vllm import SamplingParams
 
         temperature = self.rc.temperature if temperature < 0 else temperature

@@ -17,6 +17,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import httpx
+
 from services.common.config import SearchConfig
 from services.common.passage_format import format_passages
 from services.common.turn_format import render_information
@@ -43,8 +45,6 @@ class SearchClient:
     async def _once(self, queries: list[str], topk: int) -> list[list[dict]]:
         if self.handle is not None:
             return await self.handle.search.remote(queries, topk)
-        import httpx
-
         async with httpx.AsyncClient(timeout=self.cfg.timeout_s) as http:
             r = await http.post(f"{self.url}/retrieve", json={"queries": queries, "topk": topk, "return_scores": True})
             r.raise_for_status()

@@ -23,12 +23,14 @@ section; the agent reaches the search deployment (Serve app ``rollout.search_app
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Optional
 
 import ray
 from ray import serve
 
+from services.common.calls import require_version
 from services.common.codec import decode, encode
 from services.common.config import MempoConfig, actor_options, replica_config
 from services.common.messages import PromptBatch, WeightUpdate
@@ -41,6 +43,8 @@ log = logging.getLogger("mempo.rollout")
 @serve.deployment(name="rollout")
 class RolloutService:
     def __init__(self, config: dict):
+        # vLLM, torch and transformers are imported in the replica only: the driver imports this module to
+        # build the application (registry.py) and would wait seconds for them.
         from transformers import AutoTokenizer
 
         from services.rollout.agent import AgentLoop
@@ -60,8 +64,6 @@ class RolloutService:
         self._restart_error: str | None = None
 
     async def rollout(self, payload: bytes) -> bytes:
-        from services.common.calls import require_version
-
         batch = decode(payload, PromptBatch)
         await self.engine.ensure_alive()  # a call retried after the engine died runs on a restarted one
         require_version(self.engine.version, batch.min_version, self.replica)  # a replacement not yet synced
@@ -96,7 +98,7 @@ class RolloutService:
 
     async def generate(self, prompt_ids: list[int], max_tokens: int = 32, temperature: float = 0.0,
                        seed: int = 0) -> dict:
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # imported where the engine starts (PolicyEngine.start)
 
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=0, seed=seed,
                                 ignore_eos=True)
@@ -107,8 +109,6 @@ class RolloutService:
         """Serve's periodic health check. A dead vLLM engine is restarted in place (in the background,
         so the check answers at once); only a replica whose restart itself failed is reported
         unhealthy, and Serve replaces it."""
-        import asyncio
-
         if self._restart_error is not None:
             raise RuntimeError(f"replica {self.replica} could not restart its vLLM engine: {self._restart_error}")
         if self.engine.engine.errored and (self._restart_task is None or self._restart_task.done()):

@@ -17,6 +17,8 @@ vLLM's own weight-transfer engines (``weight_transfer_config``: nccl, ipc, ...) 
 
 from __future__ import annotations
 
+from services.common.weight_broadcast import Receiver
+
 
 class WeightSyncExtension:
     def refresh_tied_head(self) -> bool:
@@ -29,8 +31,6 @@ class WeightSyncExtension:
         return True
 
     def _wsync(self):
-        from services.common.weight_broadcast import Receiver
-
         if getattr(self, "_wsync_receiver", None) is None:
             self._wsync_receiver = Receiver()
         return self._wsync_receiver

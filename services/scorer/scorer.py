@@ -37,6 +37,7 @@ from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBa
 from services.common.model_io import chat_ids, text_ids
 from services.common.retention import retention_labels, shown_answers
 from services.common.token_text import TokenText
+from services.common.turn_format import block
 from services.scorer.continuation import Continuation, build_continuation, gold_answers
 from services.scorer.packing import Branch, tree_logprobs
 
@@ -50,8 +51,6 @@ def text_contexts(tokenizer, system: str, questions: list[str], memory: str,
     """(mem context, full context) ids for grading a memory given as text: system + question(s)
     + ``<mem>`` block, versus system + question(s) + the full chat history. Every text is user text:
     special-token strings in it stay ordinary text (services/common/model_io.py)."""
-    from services.common.turn_format import block
-
     head = [{"role": "system", "content": system}, {"role": "user", "content": "; ".join(questions)}]
     mem = chat_ids(tokenizer, head) + text_ids(tokenizer, block("mem", memory))
     return mem, chat_ids(tokenizer, head + list(history))

@@ -96,7 +96,7 @@ class _Stages:
 
 def build_world(cfg: MempoConfig, force: bool = False, progress: bool = True) -> Path:
     """Build the world for ``cfg`` unless an identical one is cached; returns its directory."""
-    from services.world.qwen_tokenizer import build_qwen_tokenizer
+    from services.world.qwen_tokenizer import build_qwen_tokenizer  # transformers: only when a world is built
 
     final = world_dir(cfg)
     build_qwen_tokenizer(qwen_tokenizer_path(cfg))  # config-independent; cached after the first build
