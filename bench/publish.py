@@ -1,16 +1,17 @@
 """Weight publication: seconds and GB/s of the object-store path and the collective path
 (``learner.publish``; services/learner/publish.py, services/learner/collective.py), in one run.
 
-Per model, one rollout replica (vLLM) and one scorer replica are deployed on a local Ray cluster;
+Per model and rollout replica count (``--rollout-replicas``, default 1 and 2), that many rollout
+replicas (vLLM) and one scorer replica are deployed on a local Ray cluster;
 the publishing process is this one (the learner's Serve replica does the same after each step).
 The policy published is the model's own weights moved by a seeded perturbation (so every
 publication changes what the replicas serve). Each path publishes ``--repeats`` times, alternating
 (object store, collective, object store, ...); the collective's first publication also builds the
-group and is shown apart. GB/s = the state dict's bytes / seconds, per publication (both replicas
-receive it). After each collective round the rollout's greedy log-probs must equal the object-store
+group and is shown apart. GB/s = the state dict's bytes / seconds, per publication (every replica
+receives it). After each collective round the rollout's greedy log-probs must equal the object-store
 round's exactly (bit-identical weights).
 
-    .venv/bin/python bench/publish.py [--models tiny smollm2-fp32 smollm2-bf16] [--repeats 3]
+    .venv/bin/python bench/publish.py [--models tiny smollm2-fp32 smollm2-bf16] [--rollout-replicas 1 2] [--repeats 3]
 
 Models: tiny = the world's model after the tests' grammar SFT; smollm2-fp32 / smollm2-bf16 =
 .cache/models/smollm2-135m-instruct-float32 / -bfloat16 (``make model``), with deploy/configs/smollm2.yaml.
@@ -45,6 +46,7 @@ def _logprobs(r_handle) -> list[float]:
 
 
 def bench_model(name: str, cfg, repeats: int) -> dict:
+    name = f"{name} x{cfg.rollout.replicas}"
     from ray import serve
 
     from services.learner.collective import CollectivePublisher
@@ -85,12 +87,13 @@ def bench_model(name: str, cfg, repeats: int) -> dict:
         coll.close()
         for app in ("scorer", "rollout", "search"):
             serve.delete(app)
-    return {"model": name, "bytes": nbytes, **times}
+    return {"model": name, "replicas": cfg.rollout.replicas, "bytes": nbytes, **times}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["tiny", *MODELS])
+    ap.add_argument("--rollout-replicas", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
@@ -109,18 +112,21 @@ def main() -> None:
     rows = []
     try:
         for name in args.models:
-            if name == "tiny":
-                cfg = load_config("deploy/configs/tiny.yaml", [f"model.path={grammar_model(world, Path('.cache/test-models'))}",
-                                                               "scorer.num_cpus=0.25", "search.num_cpus=0.25"])
-            else:
-                path, dtype = MODELS[name]
-                cfg = load_config("deploy/configs/smollm2.yaml", [f"model.path={path}", f"model.dtype={dtype}",
-                                                                  "search.num_cpus=0.25", "scorer.num_cpus=0.25"])
-            rows.append(bench_model(name, cfg, args.repeats))
+            for n in args.rollout_replicas:  # n rollout replicas + scorer + search fit in 2 CPUs
+                fit = [f"rollout.replicas={n}", f"rollout.num_cpus={0.75 if n == 1 else 1.25 / n}",
+                       "search.num_cpus=0.25", "scorer.num_cpus=0.25"]
+                if name == "tiny":
+                    cfg = load_config("deploy/configs/tiny.yaml",
+                                      [f"model.path={grammar_model(world, Path('.cache/test-models'))}", *fit])
+                else:
+                    path, dtype = MODELS[name]
+                    cfg = load_config("deploy/configs/smollm2.yaml", [f"model.path={path}", f"model.dtype={dtype}", *fit])
+                rows.append(bench_model(name, cfg, args.repeats))
     finally:
         serve.shutdown()
         ray.shutdown()
-    print("\n| model | MB | object store s | GB/s | collective s | GB/s | collective / object store | first collective (group built) s |")
+    print("\n| model x rollout replicas (+ 1 scorer) | MB | object store s | GB/s | collective s | GB/s | "
+          "collective / object store | first collective (group built) s |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         o, c = statistics.median(row["object_store"]), statistics.median(row["collective"] or [float("nan")])
