@@ -209,22 +209,30 @@ def _compare(argv: list[str]) -> int:
 def _serve(argv: list[str]) -> int:
     p = _parser("serve", "Deploy the services (no training) and keep them up until Ctrl-C: e.g. the scorer's "
                          "REST endpoint (POST /scorer/score) and Search-R1's POST /retrieve.")
-    p.add_argument("--apps", default="search,rollout,scorer",
-                   help=f"comma-separated services to deploy, of {', '.join(SERVICES)}")
+    p.add_argument("--apps", default=None,
+                   help=f"comma-separated services to deploy, of {', '.join(SERVICES)} (default: search,rollout,scorer; "
+                        f"no search with search.url)")
     a = p.parse_intermixed_args(argv)
     cfg = _load(a.args)
     _setup_logging()
     from services.pipeline.apps import Pipeline  # Ray on use, pandas (the world) at its top
 
-    apps = [s.strip() for s in a.apps.split(",") if s.strip()]
+    apps = [s.strip() for s in (a.apps or "search,rollout,scorer").split(",") if s.strip()]
     bad = [s for s in apps if s not in SERVICES]
     if bad:
         print(f"error: unknown service(s) {bad}; choose from {', '.join(SERVICES)}", file=sys.stderr)
+        return 2
+    if cfg.search.url and a.apps is not None and "search" in apps:
+        print(f"error: search.url={cfg.search.url} names an external search server, so no search service is "
+              f"deployed; drop search from --apps or unset search.url", file=sys.stderr)
         return 2
     pipe = Pipeline.start(cfg, apps)
     base = f"http://{cfg.ray.http_host}:{cfg.ray.http_port}"
     for s in apps:
         route = route_prefix(pipe.cfg, s)
+        if s == "search" and cfg.search.url:
+            print(f"search: external, {cfg.search.url} (not deployed)", flush=True)
+            continue
         print(f"{s}: " + (f"{base}{route.rstrip('/')}/" if route else "in-cluster handle only"), flush=True)
     print("serving; Ctrl-C stops", flush=True)
     try:

@@ -2,6 +2,7 @@
 
     pipe = Pipeline.start(cfg)                       # search, rollout, scorer, learner
     pipe = Pipeline.start(cfg, ("search", "scorer")) # only some (``mempo serve --apps``)
+                                                     # (never search with search.url: an external server)
     refs = pipe.rollout.rollout(prompt_batch)        # RolloutDriver (retries dead replicas)
     score_refs = pipe.scorer.score(refs)             # ScorerDriver
     stats = pipe.learner.step(refs, score_refs)       # LearnerDriver (no retries: one stateful replica)
@@ -24,7 +25,7 @@ from typing import Any
 from services.common.config import MempoConfig
 from services.common.local_ray import init_keeping_sigterm, join_options, local_init_options
 from services.common.replicas import ReplicaWatch, start_limit_s
-from services.pipeline.plan import actors, fit, live_nodes, totals
+from services.pipeline.plan import actors, deployed, fit, live_nodes, totals
 from services.pipeline.registry import (POLICY_HOLDERS, SERVICES, app_name, application, route_prefix, service,
                                         wired)
 from services.pipeline.start_errors import deploy
@@ -87,9 +88,12 @@ class Pipeline:
     def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = tuple(SERVICES)) -> "Pipeline":
         cfg = wired(prepare_world(cfg))  # the world is built here, once; replicas get concrete paths
         connect(cfg)
-        check_resources(cfg, services, strict=not cfg.ray.address)  # a cluster with an autoscaler may grow
-        # search first (the agent calls it), then the policy copies, then the learner that feeds them
-        order = [s for s in SERVICES if s in services]
+        # search first (the agent calls it), then the policy copies, then the learner that feeds them; no search
+        # with search.url (the rollout calls that external server)
+        order = deployed(cfg, services)
+        if "search" in services and "search" not in order:
+            log.info("search is external (search.url=%s): not deployed", cfg.search.url)
+        check_resources(cfg, order, strict=not cfg.ray.address)  # a cluster with an autoscaler may grow
         pipe = cls(cfg, [])
         for name in order:
             t0 = time.perf_counter()
@@ -185,6 +189,8 @@ def scale(cfg: MempoConfig, name: str, replicas: int) -> None:
 
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
+    if name == "search" and cfg.search.url:
+        raise ValueError(f"search is external (search.url={cfg.search.url}): scale that server, not the pipeline")
     if not service(name).scalable:
         raise ValueError(f"{name} cannot be scaled; choose from "
                          f"{', '.join(n for n, s in SERVICES.items() if s.scalable)}")

@@ -11,6 +11,9 @@ its own ``deployment_options(cfg)``, the same function ``mempo train`` deploys w
 training run, deploy/serve_config.yaml and the KubeRay manifest's ``serveConfigV2`` say the same
 thing; ``--check`` (and tests/pipeline/test_plan.py) fails when a committed file has drifted.
 
+A config with ``search.url`` (an external Search-R1 server) deploys no search service: the plan, the
+fit check and the Serve config leave it out (``deployed``).
+
 Fit: every actor the config starts (replicas, and the learner's FSDP workers) is placed first-fit,
 largest first, on the nodes' total resources. A service whose actor fits no node at all, or a sum
 the cluster does not have, is an error naming the numbers; Ray's own scheduler may still find a
@@ -59,9 +62,15 @@ class Actors:
         return {k: v for k, v in out.items() if v}
 
 
+def deployed(cfg: MempoConfig, services=tuple(SERVICES)) -> list[str]:
+    """The services of ``services`` that ``cfg`` deploys, in deploy order: all but search when ``search.url``
+    names an external Search-R1 server (the rollout calls that one instead)."""
+    return [name for name in SERVICES if name in services and not (name == "search" and cfg.search.url)]
+
+
 def deployments(cfg: MempoConfig) -> dict[str, dict]:
-    """Each service's Serve deployment options, exactly as ``mempo train`` deploys them."""
-    return {name: svc.options(cfg) for name, svc in SERVICES.items()}
+    """Each deployed service's Serve deployment options, exactly as ``mempo train`` deploys them."""
+    return {name: SERVICES[name].options(cfg) for name in deployed(cfg)}
 
 
 def actors(cfg: MempoConfig, services=tuple(SERVICES)) -> list[Actors]:
@@ -174,7 +183,8 @@ def cluster_nodes(address: str) -> list[dict[str, float]]:
 
 
 def serve_config(cfg: MempoConfig, config_arg: str) -> dict:
-    """The Serve config file (``serve deploy``) of the four services, from ``cfg``: each application's
+    """The Serve config file (``serve deploy``) of the services ``cfg`` deploys (the four, or three with
+    ``search.url``), from ``cfg``: each application's
     import path and args, and its deployment's options as ``mempo train`` sets them. HTTP listens on
     every interface of a cluster node (only the REST endpoints; see the file's header)."""
     apps = [{"name": app_name(cfg, service), "route_prefix": route_prefix(cfg, service),

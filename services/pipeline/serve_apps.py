@@ -50,7 +50,11 @@ def config_from_args(args: dict | None) -> MempoConfig:
 
 
 def _build(service: str, args: dict | None):
-    return application(wired(prepare_world(config_from_args(args), progress=False)), service)
+    cfg = config_from_args(args)
+    if service == "search" and cfg.search.url:
+        raise ValueError(f"search.url={cfg.search.url}: this config calls an external search server and deploys no "
+                         f"search application; drop it from the Serve config (mempo plan --serve-config leaves it out)")
+    return application(wired(prepare_world(cfg, progress=False)), service)
 
 
 def _builder(service: str):

@@ -55,8 +55,11 @@ class RolloutService:
         model_dir = model_path(cfg)
         self.engine = PolicyEngine(cfg, model_dir)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        search = SearchClient.from_handle(serve.get_deployment_handle("search", app_name=cfg.rollout.search_app),
-                                          cfg.search)
+        if cfg.search.url:  # an external Search-R1 server: no search deployment to reach
+            search = SearchClient.from_url(cfg.search.url, cfg.search)
+        else:
+            search = SearchClient.from_handle(serve.get_deployment_handle("search", app_name=cfg.rollout.search_app),
+                                              cfg.search)
         self.loop = AgentLoop(cfg, self.engine, tokenizer, search)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.model_dir = str(model_dir)

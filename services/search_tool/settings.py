@@ -6,8 +6,9 @@ tree by services/common/config.py.
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from services.common.config_fields import RUNTIME, CustomResources, Section
 
@@ -16,6 +17,13 @@ READS = ("world", "ray")
 
 
 class SearchConfig(Section):
+    url: str = Field(
+        "",
+        description=(
+            "An external Search-R1 /retrieve server, http(s)://host[:port][/path] (with or without a trailing "
+            "/retrieve): the rollout calls it and no search service is deployed; empty = deploy the in-cluster one."
+        ),
+    )
     backend: Literal["bm25", "dense"] = Field(
         "bm25",
         description="Retrieval backend.",
@@ -126,3 +134,27 @@ class SearchConfig(Section):
         0.2, ge=0,
         description="Client backoff before retry i is backoff * 2**i seconds.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        """Kept as given; the client posts to ``<url without a trailing /retrieve>/retrieve``."""
+        if not value:
+            return value
+        expected = "expected http(s)://host[:port][/path], e.g. http://127.0.0.1:8000/retrieve"
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 (raises on a port that is not a number in 0..65535)
+        except ValueError as e:
+            raise ValueError(f"{e}; {expected}") from None
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"the scheme must be http or https, not {parts.scheme or 'missing'!r}; {expected}")
+        if not parts.hostname:
+            raise ValueError(f"no host; {expected}")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(f"no user or password in the URL; {expected}")
+        if parts.query or parts.fragment or value.endswith(("?", "#")):
+            raise ValueError(f"no query or fragment; {expected}")
+        if any(c.isspace() for c in value):
+            raise ValueError(f"no whitespace; {expected}")
+        return value
