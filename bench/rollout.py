@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     async def run():
         engine = PolicyEngine(cfg, model)
         loop = AgentLoop(cfg, engine, AutoTokenizer.from_pretrained(model), search)
-        prompts = load_prompts(world / "test.parquet", limit=args.prompts)
+        prompts = load_prompts(world / "test.parquet", cfg.rollout.system_prompt, limit=args.prompts)
         res = await _bench(loop, engine, PromptBatch(prompts=prompts, n=args.n, policy_version=0, seed=1), args.rounds)
         engine.shutdown()
         return res

@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = prepare_world(load_config(args.config, args.overrides))
     source = str(model_path(cfg))
-    samples = turn_samples(cfg, AutoTokenizer.from_pretrained(source), load_transcripts(data_path(cfg, "sft"),
-                                                                                          cfg.train.sft_min_em))
+    transcripts = load_transcripts(data_path(cfg, "sft"), cfg.train.sft_min_em, cfg.rollout.system_prompt)
+    samples = turn_samples(cfg, AutoTokenizer.from_pretrained(source), transcripts)
     batches = step_batches(cfg, samples, args.steps)
     tokens = sum(int(tb.cu_seqlens[-1]) for tb in batches[1:])
     ray.init(**local_init_options(num_cpus=os.cpu_count(), object_store_memory=500_000_000))

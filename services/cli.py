@@ -12,6 +12,8 @@
                                                  what a config deploys, whether a cluster fits it, and the
                                                  Serve config / KubeRay manifest generated from it
     mempo index CORPUS.jsonl OUT_DIR [--backend dense --encoder DIR]       build a retrieval index
+    mempo data fanoutqa|compose|transcripts ...  your own question sets: FanOutQA, k-objective tasks, SFT
+                                                 transcripts (docs/data.md)
     mempo model smollm2 [--dtype bfloat16]       SmolLM2-135M-Instruct as a Hugging Face folder in .cache/models/
     mempo model from-gguf FILE.gguf OUT_DIR [--dtype float32|bfloat16]    any GGUF file as one
     mempo view  RUN_DIR [--serve [--port P] [--scorer URL]]   the run as one HTML page (memory, rewards,
@@ -41,7 +43,7 @@ from services.common.config import ConfigError, load_config
 from services.common.config import main as config_main
 from services.common.jsonl import read_jsonl
 from services.common.replicas import NoReplica
-from services.pipeline import compare, eval_cli, plan_cli, view
+from services.pipeline import compare, data_cli, eval_cli, plan_cli, view
 from services.pipeline.registry import SERVICES, route_prefix
 from services.pipeline.start_errors import ServiceStartError
 from services.world.__main__ import main as world_main
@@ -305,7 +307,7 @@ def _view(argv: list[str]) -> int:
 
 
 COMMANDS = {"view": _view, "plan": _plan, "sft": _sft, "train": _train, "eval": _eval, "compare": _compare,
-            "serve": _serve, "scale": _scale, "index": _index, "model": _model}
+            "serve": _serve, "scale": _scale, "index": _index, "model": _model, "data": data_cli.main}
 
 
 @contextlib.contextmanager

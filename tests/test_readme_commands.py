@@ -58,10 +58,12 @@ def readme_commands() -> list[tuple[int, str, list[str]]]:
     out: list[tuple[int, str, list[str]]] = []
     lines = README.read_text().splitlines()
     in_block, lang, i = False, "", 0
+    variables: dict[str, list[str]] = {}  # shell variables assigned earlier in the block
     while i < len(lines):
         line = lines[i]
         if line.lstrip().startswith("```"):
             in_block, lang = not in_block, line.strip()[3:].strip()
+            variables = {}
             i += 1
             continue
         if not in_block or lang not in ("", "bash", "sh", "shell", "console") or not line.strip():
@@ -77,10 +79,27 @@ def readme_commands() -> list[tuple[int, str, list[str]]]:
             i += 1
             text = text.removesuffix("\\") + ("\n" if not text.endswith("\\") else " ") + lines[i].strip()
         i += 1
-        while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):  # FOO=bar mempo ...
-            argv = argv[1:]
-        if argv and Path(argv[0]).name in TOOLS:
-            out.append((start, text, argv))
+        if argv and len(argv) == 1 and (assign := re.fullmatch(r"([A-Z_][A-Z0-9_]*)=(.*)", argv[0], re.S)):
+            variables[assign[1]] = assign[2].split()  # D="a=1 b=2": $D below expands to its words
+            continue
+        argv = [w for token in (argv or []) for w in (variables[token[1:]] if token[1:] in variables
+                                                        and token.startswith("$") else [token])]
+        for part in _commands(argv):  # a && b: two commands
+            while part and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", part[0]):  # FOO=bar mempo ...
+                part = part[1:]
+            if part and Path(part[0]).name in TOOLS:
+                out.append((start, text, part))
+    return out
+
+
+def _commands(argv: list[str]) -> list[list[str]]:
+    """The commands of one line: ``a && b`` is two."""
+    out = [[]]
+    for token in argv:
+        if token == "&&":
+            out.append([])
+        else:
+            out[-1].append(token)
     return out
 
 

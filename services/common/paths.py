@@ -5,6 +5,7 @@
     data_path(cfg, "train")     # train / test prompts, SFT trajectories
     corpus_path(cfg)            # the search corpus; index_dir(cfg) its index
     cfg = resolved(cfg)         # the same config with every 'world' replaced by a concrete path
+    check_no_silent_world(cfg, ("search.corpus", "eval.data"))  # own data: every path a command uses is given
 
 A path field set to ``world`` (``model.path``, ``search.corpus``, ``train.data``, ``train.sft_data``,
 ``eval.data``) names a file of the embedded world. This module only looks paths up; it never
@@ -23,7 +24,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from services.common.config import MempoConfig
+from services.common.config import ConfigError, MempoConfig
 
 FORMAT_VERSION = 1  # bump when the layout of a built world changes
 # The code that generates a world's content: editing any of it gives a new key (a rebuild).
@@ -62,6 +63,38 @@ def world_dir(cfg: MempoConfig) -> Path:
 
 def is_built(path: Path) -> bool:
     return (path / "manifest.json").is_file()
+
+
+# The paths of a question set and its corpus. A command that uses several of them takes them all from
+# the world or all from the user: questions from one place and a corpus or held-out set from the other
+# is almost always a forgotten setting (the synthetic world's files, silently built and used beside
+# the user's). model.path is not one of them: a real model on the world's data is a recipe of its own
+# (deploy/configs/smollm2.yaml), and the tiny model reads any text.
+DATA_PATHS = ("search.corpus", "train.data", "eval.data", "train.sft_data")
+
+
+def _path_value(cfg: MempoConfig, key: str) -> str:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def check_no_silent_world(cfg: MempoConfig, needs: tuple[str, ...] | list[str]) -> None:
+    """Stop with the list of settings to give when any data path of ``cfg`` names the user's own file
+    while a path the command ``needs`` still says 'world' (``DATA_PATHS``). A world file used on purpose
+    is given by its path (`mempo world path CONFIG` prints the folder)."""
+    own = [k for k in DATA_PATHS if _path_value(cfg, k) != WORLD]
+    missing = [k for k in needs if k in DATA_PATHS and _path_value(cfg, k) == WORLD]
+    if own and missing:
+        given = ", ".join(f"{k}={_path_value(cfg, k)}" for k in own)
+        raise ConfigError(f"{given} names your own data, but this command also reads {', '.join(missing)}, still "
+                          f"'world' (the synthetic world's files, which would be built and used beside yours): set "
+                          f"{' and '.join(f'{k}=FILE' for k in missing)} (docs/data.md), or give a world file by its "
+                          f"path (`mempo world path CONFIG` prints the folder)")
+
+
+def corpus_needed(cfg: MempoConfig) -> tuple[str, ...]:
+    """("search.corpus",) unless the rollout calls an external search server (search.url)."""
+    return () if cfg.search.url else ("search.corpus",)
 
 
 def uses_world(cfg: MempoConfig) -> bool:

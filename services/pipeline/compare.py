@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.config import MempoConfig, field_baselines, load_config
+from services.common.paths import check_no_silent_world, corpus_needed
 from services.pipeline.report import by_str_k, draw_panels, markdown_table, pairs_table, write_samples
 from services.pipeline.runlog import read_rows
 
@@ -192,6 +193,8 @@ def compare(path: str | None, overrides: list[str], variants: str | None = None,
 
     overrides = with_compare_defaults(overrides)
     base = load_config(path, overrides)
+    # before the SFT: a comparison reads every data path
+    check_no_silent_world(base, ("train.data", "eval.data", "train.sft_data") + corpus_needed(base))
     plan = plan_runs(parse_variants(variants or ",".join(DEFAULT_VARIANTS)), base.train.seed, seeds)
     sft = sft_dir(base)
     if not (sft / "config.json").is_file():

@@ -11,6 +11,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from services.common.config import MempoConfig
+from services.common.paths import corpus_needed
 from services.pipeline.report import diagnostics_table, markdown_table, pairs_table, write_report
 from services.pipeline.view import write_view
 
@@ -68,7 +69,7 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool, pair_specs: list[
     pairs = parse_pairs(list(pair_specs), policies)
     for name, path in policies.items():
         check_model(path, f"--policy {name}")
-    cfg = prepare_world(cfg).model_copy(deep=True)
+    cfg = prepare_world(cfg, needs=("eval.data",) + corpus_needed(cfg)).model_copy(deep=True)
     cfg.model.path = next(iter(policies.values()))  # the engines start on the first policy's weights
     prompts = eval_prompts(cfg, cfg.eval.questions_per_k)
     pipe = Pipeline.start(cfg, ("search", "rollout", "scorer"))

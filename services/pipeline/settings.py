@@ -19,7 +19,10 @@ class TrainConfig(Section):
     )
     data: str = Field(
         "world",
-        description="Training prompts (verl/Search-R1 parquet); 'world' = the embedded world's train.parquet.",
+        description=(
+            "Training prompts: Search-R1/verl parquet as published, or JSONL (docs/data.md); 'world' = the "
+            "embedded world's train.parquet. Every prompt gets rollout.system_prompt and the row's question(s)."
+        ),
     )
     init_from_sft: bool = Field(
         True,
@@ -54,8 +57,9 @@ class TrainConfig(Section):
     sft_data: str = Field(
         "world",
         description=(
-            "SFT trajectories: JSONL rows with 'messages' (a finished transcript) and 'em'; 'world' = the world's "
-            "oracle.jsonl."
+            "SFT transcripts: JSONL rows with 'messages' (OpenAI/TRL chat format, a system message optional and "
+            "replaced by rollout.system_prompt) or ShareGPT 'conversations', and optionally 'em' (docs/data.md); "
+            "'world' = the world's oracle.jsonl."
         ),
     )
     sft_min_em: float = Field(
@@ -118,11 +122,11 @@ class TrainConfig(Section):
 class EvalConfig(Section):
     data: str = Field(
         "world",
-        description="Held-out prompts (parquet with extra_info.k); 'world' = the world's test.parquet.",
+        description="Held-out prompts, in train.data's formats (docs/data.md); 'world' = the world's test.parquet.",
     )
     objectives: list[PositiveInt] = Field(
         [],
-        description="Objective counts k to evaluate; empty = world.test_objectives.",
+        description="Objective counts k to evaluate; empty = every k present in eval.data.",
     )
     questions_per_k: int = Field(
         100, ge=1,

@@ -51,19 +51,47 @@ def sft_dir(cfg: MempoConfig) -> Path:
     return Path(cfg.train.sft_dir) if cfg.train.sft_dir else Path(cfg.train.run_dir) / "sft" / "model"
 
 
-def load_transcripts(path: Path, min_em: float) -> list[list[dict]]:
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "observation": "user", "tool": "user"}
+
+
+def transcript_messages(row: dict) -> list[dict] | None:
+    """A row's chat messages: OpenAI/TRL ``messages`` ({role, content}) or ShareGPT ``conversations``
+    ({from, value}); None when it has neither."""
+    if isinstance(row.get("messages"), list):
+        return row["messages"]
+    if isinstance(row.get("conversations"), list):
+        return [{"role": SHAREGPT_ROLES.get(str(m.get("from")), str(m.get("from"))), "content": m.get("value")}
+                for m in row["conversations"] if isinstance(m, dict)]
+    return None
+
+
+def load_transcripts(path: Path, min_em: float, system_prompt: str) -> list[list[dict]]:
+    """Finished MemPO transcripts from JSONL, each under ``system_prompt`` (the rule of
+    services/common/data.py: a transcript's own system message is replaced, one without gets it), so
+    SFT teaches the turns under the instructions the agent sees in RL. A row's ``em`` (default 1)
+    is its answer's score, for rejection sampling."""
     rows, kept = 0, []
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             rows += 1
-            row = json.loads(line)
-            msgs = row.get("messages") if isinstance(row, dict) else None
-            if not isinstance(msgs, list) or len(msgs) < 3 or msgs[0].get("role") != "system":
-                raise ValueError(f"{path} line {n}: needs 'messages' = [system, user, assistant, ...]")
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"train.sft_data: {path} line {n} is not JSON ({e.msg})") from None
+            msgs = transcript_messages(row) if isinstance(row, dict) else None
+            if msgs and msgs[0].get("role") == "system":
+                msgs = msgs[1:]
+            ok = (isinstance(msgs, list) and len(msgs) >= 2 and msgs[0].get("role") == "user"
+                  and all(isinstance(m.get("content"), str) and m.get("role") in ("user", "assistant") for m in msgs)
+                  and any(m["role"] == "assistant" for m in msgs))
+            if not ok:
+                raise ValueError(f"train.sft_data: {path} line {n}: needs 'messages' (or ShareGPT 'conversations') = "
+                                 f"[system (optional), user, assistant, ...] with text contents (docs/data.md)")
             if float(row.get("em", 1.0)) >= min_em:
-                kept.append(msgs)
+                kept.append([{"role": "system", "content": system_prompt}] + msgs)
     log.info("SFT data: %d of %d trajectories pass em >= %.2f", len(kept), rows, min_em)
     return kept
 
@@ -118,14 +146,14 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
 
     from services.learner.group import LearnerGroup  # Ray at its top
 
-    cfg = prepare_world(cfg).model_copy(deep=True)
+    cfg = prepare_world(cfg, needs=("train.sft_data",)).model_copy(deep=True)
     cfg.learner.kl_coef = 0.0  # no reference model in SFT
     source = str(model_path(cfg))
     check_model(source)
     for line in lr_warnings(cfg, source, sft=True):
         log_fn(f"warning: {line}")
     tokenizer = AutoTokenizer.from_pretrained(source)
-    transcripts = load_transcripts(data_path(cfg, "sft"), cfg.train.sft_min_em)
+    transcripts = load_transcripts(data_path(cfg, "sft"), cfg.train.sft_min_em, cfg.rollout.system_prompt)
     if cfg.train.sft_name_swap > 0:
         transcripts = rename_share(transcripts, data_path(cfg, "sft").parent / "world.json",
                                    cfg.train.sft_name_swap, cfg.train.seed, log_fn)

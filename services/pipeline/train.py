@@ -30,7 +30,7 @@ from tqdm import tqdm
 from services.common.config import MempoConfig, to_yaml
 from services.common.data import PromptStream, load_prompts
 from services.common.model_checks import check_model, lr_warnings
-from services.common.paths import data_path, model_path
+from services.common.paths import corpus_needed, data_path, model_path
 from services.pipeline.ahead import Generated, RolloutsAhead
 from services.pipeline.apps import Pipeline
 from services.learner.group_samples import decoded_group
@@ -68,7 +68,8 @@ def stage_times(batch: Generated, stats: dict, step_s: float) -> dict:
 
 
 def train(cfg: MempoConfig) -> dict:
-    cfg = starting_policy(prepare_world(cfg))  # builds the embedded world if the config uses it
+    # builds the embedded world if the config uses it; with the user's own data, every path it reads must be given
+    cfg = starting_policy(prepare_world(cfg, needs=("train.data", "eval.data") + corpus_needed(cfg)))
     check_model(model_path(cfg), "model.path" if not cfg.train.init_from_sft else "the SFT policy")
     for line in lr_warnings(cfg, model_path(cfg), sft=False):
         logging.getLogger("mempo.train").warning("%s", line)
@@ -76,7 +77,8 @@ def train(cfg: MempoConfig) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     pipe = Pipeline.start(cfg)  # search, rollout, scorer, learner: each its own Serve application
     (run_dir / "pipeline.yaml").write_text(to_yaml(pipe.cfg))  # what is deployed (`mempo scale` reads it)
-    prompts = PromptStream(load_prompts(data_path(cfg, "train")), cfg.train.prompts_per_step, cfg.train.seed)
+    prompts = PromptStream(load_prompts(data_path(cfg, "train"), cfg.rollout.system_prompt, setting="train.data"),
+                           cfg.train.prompts_per_step, cfg.train.seed)
     held_out = eval_prompts(cfg, cfg.eval.during_training_per_k)
     step = pipe.learner.info()["step"]  # > 0 when the learner resumed a checkpoint
     log = RunLog(run_dir, resume_step=step)

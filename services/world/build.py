@@ -36,7 +36,8 @@ from tqdm import tqdm
 
 from services.common.config import MempoConfig
 from services.common.jsonl import write_jsonl
-from services.common.paths import FORMAT_VERSION, is_built, qwen_tokenizer_path, resolved, uses_world, world_dir
+from services.common.paths import (FORMAT_VERSION, check_no_silent_world, is_built, qwen_tokenizer_path, resolved,
+                                   uses_world, world_dir)
 from services.search_tool.bm25_index import BM25Index
 from services.world.corpus import build_corpus
 from services.world.entities import generate_world
@@ -46,10 +47,12 @@ from services.world.questions import build_question_sets, questions_of
 log = logging.getLogger("mempo.world")
 
 
-def prepare_world(cfg: MempoConfig, progress: bool = True) -> MempoConfig:
+def prepare_world(cfg: MempoConfig, progress: bool = True, needs: tuple[str, ...] = ()) -> MempoConfig:
     """Build the embedded world if any model, corpus or data path of ``cfg`` is 'world' (with a
     progress bar: a first build that pretrains the base model takes minutes) and return ``cfg``
-    with those paths made concrete: what the pipeline deploys, so no replica builds or looks up."""
+    with those paths made concrete: what the pipeline deploys, so no replica builds or looks up.
+    ``needs``: the data paths the calling command reads, checked first (paths.check_no_silent_world)."""
+    check_no_silent_world(cfg, needs)
     if uses_world(cfg):
         build_world(cfg, progress=progress)
     return resolved(cfg)

@@ -49,7 +49,8 @@ class NameSwapper:
     def from_world_file(cls, path: Path) -> "NameSwapper":
         """From a built world's ``world.json`` (the entity graph)."""
         if not path.is_file():
-            raise FileNotFoundError(f"train.sft_name_swap needs the embedded world's graph; {path} does not exist")
+            raise FileNotFoundError(f"train.sft_name_swap renames the embedded world's entities and needs its graph, "
+                                    f"{path}, which does not exist: set train.sft_name_swap=0 for your own transcripts")
         world = json.loads(path.read_text())
         taken = {e["name"] for kind in ("countries", "cities", "universities", "people", "companies") for e in world[kind]}
         return cls([p["name"] for p in world["people"]], [c["name"] for c in world["companies"]],

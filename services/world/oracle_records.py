@@ -37,7 +37,7 @@ def oracle_episodes(cfg: MempoConfig, world: Path, row: dict, n: int, tokenizer,
     index = index or BM25Index.load(world / "index" / "bm25")
     agent = index_oracle(cfg, index, cfg.rollout.max_turns)
     builder = EpisodeBuilder(cfg, tokenizer)
-    prompt = row_to_prompt(row)
+    prompt = row_to_prompt(row, cfg.rollout.system_prompt)
     rng = random.Random(seed)
     episodes, trajs = [], []
     for i in range(n):

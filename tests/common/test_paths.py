@@ -40,3 +40,26 @@ def test_a_missing_model_folder_of_make_model_says_how_to_write_it():
     cfg = load_config(TINY, ["model.path=.cache/models/no-such-model"])
     with pytest.raises(FileNotFoundError, match="make model"):
         model_path(cfg)
+
+
+def test_own_data_with_a_path_still_world_stops_with_the_settings_to_give(tmp_path):
+    """No silent world: a command that reads the user's data never fills a forgotten path from the
+    synthetic world; it names every setting to give, and checks only what the command reads."""
+    from services.common.config import ConfigError
+    from services.common.paths import check_no_silent_world
+    from services.world.build import prepare_world
+
+    cfg = load_config(TINY, [f"world.dir={tmp_path}", "train.data=/data/train.jsonl"])
+    with pytest.raises(ConfigError, match=r"train.data=/data/train.jsonl names your own data, but this command also "
+                                          r"reads eval.data, search.corpus, still 'world'.*eval.data=FILE and "
+                                          r"search.corpus=FILE"):
+        prepare_world(cfg, needs=("train.data", "eval.data", "search.corpus"))
+    assert not any(tmp_path.iterdir())  # stopped before building anything
+    check_no_silent_world(cfg, ("train.data",))  # a command that reads only train.data is fine
+    check_no_silent_world(load_config(TINY), ("train.data", "eval.data", "search.corpus"))  # all world: fine
+    # a real model on the world's data is a recipe of its own (deploy/configs/smollm2.yaml)
+    check_no_silent_world(load_config(TINY, ["model.path=/m"]), ("train.data", "eval.data", "search.corpus"))
+    # the rollout of a config with an external retriever reads no corpus
+    ext = load_config(TINY, ["train.data=/t.jsonl", "eval.data=/e.jsonl", "search.url=http://127.0.0.1:9/retrieve"])
+    from services.common.paths import corpus_needed
+    check_no_silent_world(ext, ("train.data", "eval.data") + corpus_needed(ext))

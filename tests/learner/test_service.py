@@ -27,7 +27,7 @@ def test_one_step_from_rollout_and_scores_to_new_version(ray_cluster, serve_http
     l_handle = serve.run(learner_app(cfg), name="learner", route_prefix=None)
     try:
         assert l_handle.info.remote().result()["version"] == 0
-        prompts = load_prompts(world / "train.parquet", k=2, limit=2)
+        prompts = load_prompts(world / "train.parquet", r_cfg.rollout.system_prompt, k=2, limit=2)
         traj_refs = RolloutDriver(r_handle, r_cfg).rollout(PromptBatch(prompts=prompts, n=4, policy_version=v0, seed=5))
         score_refs = [s_handle.score.remote(ref)._to_object_ref_sync() for ref in traj_refs]
         m = l_handle.step.remote(traj_refs, score_refs).result()

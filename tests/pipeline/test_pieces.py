@@ -7,6 +7,7 @@ import pytest
 
 from services.common.config import ConfigError, load_config
 from services.common.data import PromptStream, load_prompts
+from services.rollout.settings import DEFAULT_SYSTEM_PROMPT
 from services.pipeline.apps import app_name, route_prefix, wired
 from services.pipeline.plan import actors, totals
 from services.pipeline.report import markdown_table, write_report
@@ -20,7 +21,7 @@ TINY = "deploy/configs/tiny.yaml"
 
 
 def test_prompt_stream_is_a_pure_function_of_the_step(world):
-    prompts = load_prompts(world / "train.parquet", limit=10)
+    prompts = load_prompts(world / "train.parquet", DEFAULT_SYSTEM_PROMPT, limit=10)
     a, b = PromptStream(prompts, 4, seed=1), PromptStream(prompts, 4, seed=1)
     seen = [p.uid for s in range(5) for p in a.at(s)]
     assert [p.uid for p in b.at(3)] == seen[12:16]  # a resumed stream continues identically
@@ -82,7 +83,7 @@ def test_sft_samples_train_only_on_assistant_tokens_in_memory_contexts(tiny_cfg,
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(world / "model"))
-    transcripts = load_transcripts(world / "oracle.jsonl", min_em=1.0)
+    transcripts = load_transcripts(world / "oracle.jsonl", 1.0, DEFAULT_SYSTEM_PROMPT)
     all_rows = [json.loads(line) for line in (world / "oracle.jsonl").read_text().splitlines()]
     assert len(transcripts) == sum(r["em"] >= 1.0 for r in all_rows) < len(all_rows)
     samples = turn_samples(tiny_cfg, tok, transcripts[:3])
@@ -108,7 +109,7 @@ def test_sft_turns_over_the_length_cap_are_counted_and_named(tiny_cfg, world, ca
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(world / "model"))
-    transcripts = load_transcripts(world / "oracle.jsonl", min_em=1.0)[:3]
+    transcripts = load_transcripts(world / "oracle.jsonl", 1.0, DEFAULT_SYSTEM_PROMPT)[:3]
     every = turn_samples(tiny_cfg, tok, transcripts)
     lengths = sorted(len(ids) for ids, _ in every)
     cap = lengths[len(lengths) // 2]  # about half the turns are longer

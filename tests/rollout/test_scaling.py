@@ -36,7 +36,7 @@ def _collect(refs):
 
 def test_both_replicas_serve_a_batch(two_replicas, world):
     handle, cfg = two_replicas
-    prompts = load_prompts(world / "test.parquet", limit=6)
+    prompts = load_prompts(world / "test.parquet", cfg.rollout.system_prompt, limit=6)
     out = _collect(RolloutDriver(handle, cfg).rollout(PromptBatch(prompts=prompts, n=2, policy_version=0)))
     assert len(out) == 6
     assert len({b.replica for b in out}) == 2, [b.replica for b in out]
@@ -50,7 +50,7 @@ def _replica_actor_names():
 
 def test_a_replica_killed_mid_call_loses_and_duplicates_nothing(two_replicas, world):
     handle, cfg = two_replicas
-    prompts = load_prompts(world / "test.parquet", limit=8)
+    prompts = load_prompts(world / "test.parquet", cfg.rollout.system_prompt, limit=8)
     driver = RolloutDriver(handle, cfg)
     result = {}
 

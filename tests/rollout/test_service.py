@@ -34,7 +34,7 @@ def sft_model(grammar_model):
 def batch(rollout, world):
     handle, cfg = rollout
     version = handle.info.remote().result()["version"]  # other test modules may have published weights
-    prompts = load_prompts(world / "test.parquet", k=1, limit=4)
+    prompts = load_prompts(world / "test.parquet", cfg.rollout.system_prompt, k=1, limit=4)
     refs = RolloutDriver(handle, cfg).rollout(PromptBatch(prompts=prompts, n=2, policy_version=version, seed=7))
     out = [get_message(r, TrajectoryBatch) for r in refs]
     return prompts, out, version
@@ -132,7 +132,7 @@ def test_bad_weights_are_rejected_and_the_engine_keeps_serving(rollout, sft_mode
 def test_later_turns_record_the_new_version(rollout, world):
     handle, cfg = rollout
     version = handle.info.remote().result()["version"]
-    prompts = load_prompts(world / "test.parquet", k=1, limit=1)
+    prompts = load_prompts(world / "test.parquet", cfg.rollout.system_prompt, k=1, limit=1)
     ref = RolloutDriver(handle, cfg).rollout(PromptBatch(prompts=prompts, n=1, policy_version=version))[0]
     out = get_message(ref, TrajectoryBatch)
     assert out.policy_version == version

@@ -34,7 +34,7 @@ def model(grammar_model):
 def test_scores_a_real_rollout_message(scorer, rollout_service, world, grammar_model, model):
     handle, _, cfg = scorer
     r_handle, r_cfg = rollout_service
-    prompts = load_prompts(world / "test.parquet", k=2, limit=2)
+    prompts = load_prompts(world / "test.parquet", r_cfg.rollout.system_prompt, k=2, limit=2)
     refs = RolloutDriver(r_handle, r_cfg).rollout(PromptBatch(prompts=prompts, n=4, policy_version=0, seed=3))
     version = handle.info.remote().result()["version"]
     total = 0

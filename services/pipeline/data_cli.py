@@ -1,0 +1,104 @@
+"""``mempo data``: question sets, k-objective tasks and SFT transcripts for your own data (docs/data.md).
+
+    mempo data fanoutqa data/fanoutqa                    # FanOutQA dev: questions.jsonl + generated corpus.jsonl
+    mempo data compose data/fanoutqa/questions.jsonl --out data/fanoutqa --ks 1,2,3
+    mempo data transcripts CONFIG [key=value ...] --out data/fanoutqa/sft.jsonl   # gold-known oracle SFT data
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+DEFAULT_CONFIG = str(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "tiny.yaml")
+
+
+def _ks(text: str) -> list[int]:
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated integers, e.g. 1,2,3") from None
+    if not ks or ks[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: objective counts are integers >= 1")
+    return ks
+
+
+def _compose(argv: list[str]) -> int:
+    from services.pipeline.compose import compose
+
+    p = argparse.ArgumentParser(prog="mempo data compose", description="MEM1-style k-objective tasks from a "
+                                "single-question set (any format train.data accepts), split into train and test "
+                                "by the entity each question asks about.")
+    p.add_argument("source", help="single-question set (.jsonl or .parquet; rows may name an 'entity')")
+    p.add_argument("--out", required=True, help="folder for train.<format> and test.<format>")
+    p.add_argument("--ks", type=_ks, default=[1, 2, 3], help="objective counts, e.g. 1,2,3 (default)")
+    p.add_argument("--train-per-k", type=int, default=400, help="training tasks per k (default 400)")
+    p.add_argument("--test-per-k", type=int, default=50, help="held-out tasks per k (default 50)")
+    p.add_argument("--test-share", type=float, default=0.25, help="share of entities held out (default 0.25)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    a = p.parse_args(argv)
+    paths = compose(a.source, a.out, a.ks, a.train_per_k, a.test_per_k, a.test_share, a.seed, a.format)
+    for split, path in paths.items():
+        print(f"{split}: {path}")
+    return 0
+
+
+def _fanoutqa(argv: list[str]) -> int:
+    from services.pipeline.fanout import write_fanoutqa
+
+    p = argparse.ArgumentParser(prog="mempo data fanoutqa", description="FanOutQA's dev questions (shipped in the "
+                                "fanoutqa package, CC BY-SA 4.0) as single questions, with a generated corpus: "
+                                "one passage per evidence page stating its facts (not Wikipedia text).")
+    p.add_argument("out", help="folder for questions.jsonl and corpus.jsonl")
+    paths = write_fanoutqa(p.parse_args(argv).out)
+    for name, path in paths.items():
+        print(f"{name}: {path} ({sum(1 for _ in open(path, encoding='utf-8'))} rows)")
+    return 0
+
+
+def _transcripts(argv: list[str]) -> int:
+    from services.common.config import load_config
+    from services.common.data import read_rows
+    from services.common.paths import data_path
+    from services.pipeline.transcripts import write_transcripts
+    from services.search_tool.backends import load_backend  # torch
+    from services.world.build import prepare_world
+
+    p = argparse.ArgumentParser(prog="mempo data transcripts", description="MemPO SFT transcripts for train.data's "
+                                "questions by a gold-known oracle on search.corpus (the corpus must state the gold "
+                                "answers); the output is what train.sft_data reads.")
+    p.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
+    p.add_argument("--out", required=True, help="JSONL file to write")
+    p.add_argument("--limit", type=int, default=0, help="only the first N rows of train.data (0 = all)")
+    a = p.parse_intermixed_args(argv)
+    path = a.args[0] if a.args and "=" not in a.args[0] else DEFAULT_CONFIG
+    cfg = prepare_world(load_config(path, [x for x in a.args if x is not path]), needs=("train.data", "search.corpus"))
+    rows = read_rows(data_path(cfg, "train"), "train.data")[: a.limit or None]
+    backend = load_backend(cfg)
+    topk = cfg.search.topk
+
+    def search(query: str) -> list[dict]:
+        return [doc for doc, _score in backend.search([query], topk)[0]]
+
+    counts = write_transcripts(rows, cfg.rollout.system_prompt, search, a.out, cfg.search.doc_format,
+                               cfg.rollout.max_turns, lambda xs: tqdm(xs, desc="transcripts", unit="task"))
+    print(f"wrote {counts['written']} transcripts to {a.out}; {counts['em_1']} answer every question (em = 1)")
+    return 0
+
+
+COMMANDS = {"compose": _compose, "fanoutqa": _fanoutqa, "transcripts": _transcripts}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__)
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
