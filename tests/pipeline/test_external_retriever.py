@@ -10,7 +10,6 @@ HTTP route deploys the rollout only; the rollout's episodes show that server's p
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import httpx
@@ -92,10 +91,7 @@ def test_the_rollout_calls_the_external_search_and_none_is_deployed(external_sea
     try:
         assert pipe.apps == ["xrun-rollout"] and pipe.search is None
         assert "xrun-search" not in serve.status().applications
-        # load_prompts takes the system prompt where the data loader applies it to every row (issue 42, item 1)
-        instructions = ({"system_prompt": cfg.rollout.system_prompt}
-                        if "system_prompt" in inspect.signature(load_prompts).parameters else {})
-        prompts = load_prompts(world / "test.parquet", k=1, limit=2, **instructions)
+        prompts = load_prompts(world / "test.parquet", cfg.rollout.system_prompt, k=1, limit=2)
         refs = pipe.rollout.rollout(PromptBatch(prompts=prompts, n=2, policy_version=0, seed=7))
         out = [get_message(r, TrajectoryBatch) for r in refs]
     finally:
