@@ -179,8 +179,8 @@ async def episode(client: httpx.AsyncClient, ep: Endpoint, questions: list[str],
         if parsed.action != "search":
             finish = "invalid"
             break
-        docs = await search(parsed.argument)
-        if turn < max_turns:  # nothing answers the last turn's observation
+        if turn < max_turns:  # nothing would read the last turn's observation
+            docs = await search(parsed.argument)
             messages.append({"role": "user", "content": render_information(format_passages(docs, doc_format))})
     return {"messages": messages, "em": multi_objective_em(answer, golds), "finish": finish, "format_ok": format_ok,
             "answer": answer}
@@ -191,8 +191,9 @@ def write_endpoint_transcripts(rows: list[dict], ep: Endpoint, system_prompt: st
                                concurrency: int = 4, progress: Callable | None = None) -> dict:
     """Play ``samples`` episodes of every row on the endpoint, ``concurrency`` at a time, and write the
     JSONL as episodes finish; returns counts. ``progress(total)`` makes a tqdm-like bar."""
-    if samples < 1 or concurrency < 1:
-        raise ValueError(f"--samples ({samples}) and --concurrency ({concurrency}) must be at least 1")
+    if samples < 1 or concurrency < 1 or ep.retries < 0:
+        raise ValueError(f"--samples ({samples}) and --concurrency ({concurrency}) must be at least 1, --retries "
+                         f"({ep.retries}) at least 0")
     return asyncio.run(_write(rows, ep, system_prompt, search, Path(out), doc_format, max_turns, memory_window,
                               samples, concurrency, progress))
 

@@ -102,7 +102,8 @@ def _run(stub, tmp_path, rows=ROWS, **kw):
     ep = ea.Endpoint(stub.url, "stub-model", kw.pop("api_key", None), temperature=0.5, backoff_s=0.01,
                      retries=kw.pop("retries", 3))
     out = tmp_path / "sft.jsonl"
-    counts = ea.write_endpoint_transcripts(rows, ep, SYSTEM, lambda q: PASSAGES, out, DOC_FORMAT, max_turns=4, **kw)
+    counts = ea.write_endpoint_transcripts(rows, ep, SYSTEM, lambda q: PASSAGES, out, DOC_FORMAT,
+                                           max_turns=kw.pop("max_turns", 4), **kw)
     return counts, {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}, out
 
 
@@ -159,6 +160,10 @@ def test_memory_mode_requests_carry_only_the_latest_step(stub, tmp_path):
     assert sent[2][2]["content"].startswith("<mem>\nSearched once.")
     assert sent[2][3]["content"].startswith("<information>")
     assert len(out["t"]["messages"]) == 7  # the written transcript is the full chat
+    stub.requests.clear()
+    counts, out, _ = _run(stub, tmp_path, rows=rows, max_turns=2)  # out of turns: no answer, em 0, written
+    assert counts["max_turns"] == 1 and out["t"]["em"] == 0.0 and out["t"]["finish"] == "max_turns"
+    assert [m["role"] for m in out["t"]["messages"]][-1] == "assistant" and len(stub.requests) == 2
     stub.requests.clear()
     _run(stub, tmp_path, rows=rows, memory_window="full")
     assert [len(r["body"]["messages"]) for r in stub.requests] == [2, 4, 6]
