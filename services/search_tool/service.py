@@ -163,11 +163,11 @@ class SearchService:
         """``hits`` topped up to ``k`` with the corpus's first passages not among them, at score 0."""
         if len(hits) >= k:
             return hits[:k]
-        out, seen = list(hits), {id(r) for r, _ in hits}
+        out, seen = list(hits), {r["id"] for r, _ in hits}  # the dense backend's rows are read anew per access
         for row in self.index.rows:
             if len(out) >= k:
                 break
-            if id(row) not in seen:
+            if row["id"] not in seen:
                 out.append((row, 0.0))
         return out
 

@@ -51,6 +51,49 @@ class SearchConfig(Section):
         "passage: ",
         description="Dense backend: prefix of every passage when indexing (e5 convention).",
     )
+    faiss_index: str = Field(
+        "flat",
+        description=(
+            "Dense backend: the faiss index built over the corpus: flat (exact), ivf (IVF cells, nprobe scanned), "
+            "hnsw (a graph, ef_search), ivfpq (PQ codes in IVF cells, re-scored exactly) or a faiss index_factory "
+            "string (e.g. IVF4096,SQ8); an index directory keeps the kind it was built with."
+        ),
+    )
+    nlist: int = Field(
+        0, ge=0,
+        description="Dense backend, ivf and ivfpq: IVF cells when building; 0 = about 4 sqrt(corpus size).",
+    )
+    nprobe: int = Field(
+        64, ge=1,
+        description="Dense backend, ivf and ivfpq: IVF cells scanned per query (more: better recall, slower).",
+    )
+    ef_search: int = Field(
+        128, ge=1,
+        description="Dense backend, hnsw: candidates kept per query while walking the graph.",
+    )
+    refine_factor: int = Field(
+        16, ge=1,
+        description="Dense backend, ivfpq: the best refine_factor * topk PQ hits are re-scored with the full vectors.",
+    )
+    mmap: bool = Field(
+        True,
+        description=(
+            "Dense backend: memory-map the faiss index (the replicas of a node share one copy in the page cache) "
+            "instead of reading it into each replica's memory; the corpus is always read by offset from disk."
+        ),
+    )
+    faiss_file: str = Field(
+        "",
+        description=(
+            "Dense backend: a prebuilt faiss index whose row i is line i of search.corpus (Search-R1's "
+            "e5_Flat.index with wiki-18.jsonl), used as is and never rebuilt; search.index_dir then only holds "
+            "the corpus offsets. Empty = the index in search.index_dir (its e5_Flat.index if it has one)."
+        ),
+    )
+    encode_batch_size: int = Field(
+        64, ge=1,
+        description="Dense backend: texts per encoder batch (on the GPU when there is one).",
+    )
     topk: int = Field(
         3, ge=1, json_schema_extra=RUNTIME,
         description="Passages per search call (the agent's and the default of a request with topk null).",
