@@ -104,6 +104,8 @@ class CorpusStore:
         self._file = open(self.path, "rb")
         size = int(self.offsets[-1])
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        if size and hasattr(mmap, "MADV_RANDOM"):
+            self._map.madvise(mmap.MADV_RANDOM)  # rows are read at random: no read-ahead around a hit
 
     @classmethod
     def open(cls, corpus: str | Path, offsets: str | Path, show_progress: bool = False) -> "CorpusStore":

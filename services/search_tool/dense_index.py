@@ -144,11 +144,11 @@ def new_index(kind: str, vectors_for_training: np.ndarray | None, n: int, dim: i
 
 def training_rows(kind: str, n: int, dim: int, nlist: int = 0, seed: int = 0) -> np.ndarray:
     """Which rows to train a ``kind`` index on: all of a small corpus, else a seeded sample
-    (64 per IVF cell, at least 10,000)."""
+    (40 per IVF cell, at least 10,000)."""
     fac = factory_string(kind, n, dim, nlist)
     if "IVF" not in fac and "PQ" not in fac and "SQ" not in fac:
         return np.arange(0)
-    want = max(10_000, 64 * (nlist or auto_nlist(n)))
+    want = max(10_000, 40 * (nlist or auto_nlist(n)))
     if n <= want:
         return np.arange(n)
     return np.sort(np.random.default_rng(seed).choice(n, size=want, replace=False))

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from services.common.config import load_config
 from services.common.jsonl import read_jsonl
@@ -63,3 +64,24 @@ def test_load_backend_builds_a_dense_index_from_config(world, tmp_path):
     assert len(load_backend(cfg).search(["Gerkville city country"], 3)[0]) == 3  # loads the saved one
     with pytest.raises(ValueError, match="embedding_model"):
         load_backend(load_config("deploy/configs/tiny.yaml", ["search.backend=dense"]))
+
+
+def test_encoder_batches_sorted_by_length_keep_the_input_order():
+    enc = TextEncoder(_minilm(), query_prefix="", passage_prefix="", batch_size=3)
+    assert enc.device == "cpu" or torch.cuda.is_available()
+    texts = ["a", "a much longer passage about the founding of Zentrix Labs in Gerkville", "mid length text", "b c",
+             "another rather long sentence with many words in it to pad", "x"]
+    one_by_one = np.concatenate([enc.encode([t]) for t in texts])
+    np.testing.assert_allclose(enc.encode(texts), one_by_one, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_encoder_on_cuda_matches_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    texts = [f"passage {i} about topic {i % 7}" for i in range(300)]
+    gpu = TextEncoder(_minilm(), batch_size=128)
+    cpu = TextEncoder(_minilm(), batch_size=128, device="cpu")
+    assert gpu.device == "cuda" and next(gpu.model.parameters()).dtype == torch.float16
+    a, b = gpu.encode(texts, show_progress=True), cpu.encode(texts)
+    assert a.dtype == np.float32 and np.min(np.sum(a * b, axis=1)) > 0.99  # fp16 on the GPU, cosine vs fp32 CPU
