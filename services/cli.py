@@ -11,7 +11,7 @@
     mempo plan  [CONFIG.yaml] [key=value ...] [--node SPEC ...] [--serve-config F] [--kuberay F] [--check]
                                                  what a config deploys, whether a cluster fits it, and the
                                                  Serve config / KubeRay manifest generated from it
-    mempo index CORPUS.jsonl OUT_DIR [--backend dense --encoder DIR]       build a retrieval index
+    mempo index CORPUS.jsonl OUT_DIR [--backend dense --encoder DIR [--faiss-index ivf]]   a retrieval index
     mempo data fanoutqa|compose|transcripts ...  your own question sets: FanOutQA, k-objective tasks, SFT
                                                  transcripts (docs/data.md)
     mempo model smollm2 [--dtype bfloat16]       SmolLM2-135M-Instruct as a Hugging Face folder in .cache/models/
@@ -62,6 +62,9 @@ def _index(argv: list[str]) -> int:
     p.add_argument("--backend", choices=["bm25", "dense"], default="bm25")
     p.add_argument("--encoder", default="", help="dense: local encoder directory (e5-style, mean pooling)")
     p.add_argument("--passage-prefix", default="passage: ", help="dense: prefix of every passage")
+    p.add_argument("--faiss-index", default="flat", help="dense: flat, ivf, hnsw, ivfpq or a faiss factory string "
+                   "(search.faiss_index; recall against flat: bench/README.md)")
+    p.add_argument("--nlist", type=int, default=0, help="dense, IVF kinds: cells (0 = about 4 sqrt(n))")
     args = p.parse_args(argv)
     from services.search_tool.backends import build_index  # torch
     from services.search_tool.dense_index import TextEncoder  # torch
@@ -80,7 +83,8 @@ def _index(argv: list[str]) -> int:
     if not rows:
         print(f"error: {args.corpus} holds no passages", file=sys.stderr)
         return 2
-    build_index(rows, args.backend, Path(args.out), encoder, show_progress=True)
+    build_index(rows, args.backend, Path(args.out), encoder, show_progress=True, faiss_index=args.faiss_index,
+                nlist=args.nlist)
     print(f"indexed {len(rows)} passages ({args.backend}) into {args.out} in {time.perf_counter() - t0:.1f}s")
     return 0
 

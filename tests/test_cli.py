@@ -55,6 +55,10 @@ def test_index_dense_with_a_local_encoder(world, tmp_path):
     encoder = Path(spec.origin).parent / "model"
     assert main(["index", str(corpus), str(tmp_path / "dense"), "--backend", "dense", "--encoder", str(encoder)]) == 0
     assert len(DenseIndex.load(tmp_path / "dense")) == 40
+    assert main(["index", str(corpus), str(tmp_path / "hnsw"), "--backend", "dense", "--encoder", str(encoder),
+                 "--faiss-index", "hnsw"]) == 0
+    hnsw = DenseIndex.load(tmp_path / "hnsw")
+    assert len(hnsw) == 40 and "HNSW" in type(hnsw.index).__name__
     assert main(["index", str(corpus), str(tmp_path / "d2"), "--backend", "dense", "--encoder", str(tmp_path / "nope")]) == 2
 
 
