@@ -69,7 +69,7 @@ def is_built(path: Path) -> bool:
 # the world or all from the user: questions from one place and a corpus or held-out set from the other
 # is almost always a forgotten setting (the synthetic world's files, silently built and used beside
 # the user's). model.path is not one of them: a real model on the world's data is a recipe of its own
-# (deploy/configs/smollm2.yaml), and the tiny model reads any text.
+# (deploy/configs/smollm2.yaml), and the tiny model tokenizes any text.
 DATA_PATHS = ("search.corpus", "train.data", "eval.data", "train.sft_data")
 
 
