@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import socket
 
-import ray
 import torch.distributed as dist
 
 LOOPBACK = "127.0.0.1"
@@ -28,6 +27,8 @@ RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)  # ranks of a group start to
 def bind_address(store_host: str) -> str:
     """The address ``store_host`` names: an IP as given, ``"node"`` this node's Ray address."""
     if store_host == NODE:
+        import ray  # on use: the workers also run where there is no Ray (bench/gpu.py on a bare GPU machine)
+
         return ray.util.get_node_ip_address()
     return store_host
 
