@@ -68,8 +68,9 @@ def is_built(path: Path) -> bool:
 # The paths of a question set and its corpus. A command that uses several of them takes them all from
 # the world or all from the user: questions from one place and a corpus or held-out set from the other
 # is almost always a forgotten setting (the synthetic world's files, silently built and used beside
-# the user's). model.path is not one of them: a real model on the world's data is a recipe of its own
-# (deploy/configs/smollm2.yaml), and the tiny model tokenizes any text.
+# the user's). A model of the user's own with the world's data is a recipe of its own
+# (deploy/configs/smollm2.yaml), so there the data paths must be *given*, as files or as 'world' on
+# purpose, never left at their default.
 DATA_PATHS = ("search.corpus", "train.data", "eval.data", "train.sft_data")
 
 
@@ -78,18 +79,33 @@ def _path_value(cfg: MempoConfig, key: str) -> str:
     return getattr(getattr(cfg, section), name)
 
 
+def _given(cfg: MempoConfig, key: str) -> bool:
+    """Whether the config file or an override set ``key`` (a default is not given)."""
+    section, name = key.split(".")
+    return name in getattr(cfg, section).model_fields_set
+
+
 def check_no_silent_world(cfg: MempoConfig, needs: tuple[str, ...] | list[str]) -> None:
-    """Stop with the list of settings to give when any data path of ``cfg`` names the user's own file
-    while a path the command ``needs`` still says 'world' (``DATA_PATHS``). A world file used on purpose
-    is given by its path (`mempo world path CONFIG` prints the folder)."""
+    """Stop with the list of settings to give, before anything is built, when the synthetic world
+    would silently fill a path the command ``needs`` (of ``DATA_PATHS``): when another data path names
+    the user's own file and this one still says 'world' (a world file used on purpose is given by its
+    path: `mempo world path CONFIG` prints the folder), or when ``model.path`` is the user's own model
+    and this one was left at its default (write 'world' to use the embedded world's data on purpose)."""
+    needs = [k for k in needs if k in DATA_PATHS]
     own = [k for k in DATA_PATHS if _path_value(cfg, k) != WORLD]
-    missing = [k for k in needs if k in DATA_PATHS and _path_value(cfg, k) == WORLD]
+    missing = [k for k in needs if _path_value(cfg, k) == WORLD]
     if own and missing:
         given = ", ".join(f"{k}={_path_value(cfg, k)}" for k in own)
         raise ConfigError(f"{given} names your own data, but this command also reads {', '.join(missing)}, still "
                           f"'world' (the synthetic world's files, which would be built and used beside yours): set "
                           f"{' and '.join(f'{k}=FILE' for k in missing)} (docs/data.md), or give a world file by its "
                           f"path (`mempo world path CONFIG` prints the folder)")
+    unset = [k for k in needs if _path_value(cfg, k) == WORLD and not _given(cfg, k)]
+    if cfg.model.path != WORLD and unset:
+        raise ConfigError(f"model.path={cfg.model.path} is your own model, but this command also reads "
+                          f"{', '.join(unset)}, left unset (the synthetic world's files by default): set "
+                          f"{' and '.join(f'{k}=FILE' for k in unset)} (docs/data.md), or "
+                          f"{' '.join(f'{k}=world' for k in unset)} to use the embedded world's on purpose")
 
 
 def corpus_needed(cfg: MempoConfig) -> tuple[str, ...]:

@@ -43,8 +43,8 @@ def test_a_missing_model_folder_of_make_model_says_how_to_write_it():
 
 
 def test_own_data_with_a_path_still_world_stops_with_the_settings_to_give(tmp_path):
-    """No silent world: a command that reads the user's data never fills a forgotten path from the
-    synthetic world; it names every setting to give, and checks only what the command reads."""
+    """No silent world: a command that reads the user's data or model never fills a forgotten path
+    from the synthetic world; it names every setting to give, and checks only what the command reads."""
     from services.common.config import ConfigError
     from services.common.paths import check_no_silent_world
     from services.world.build import prepare_world
@@ -57,8 +57,16 @@ def test_own_data_with_a_path_still_world_stops_with_the_settings_to_give(tmp_pa
     assert not any(tmp_path.iterdir())  # stopped before building anything
     check_no_silent_world(cfg, ("train.data",))  # a command that reads only train.data is fine
     check_no_silent_world(load_config(TINY), ("train.data", "eval.data", "search.corpus"))  # all world: fine
-    # a real model on the world's data is a recipe of its own (deploy/configs/smollm2.yaml)
-    check_no_silent_world(load_config(TINY, ["model.path=/m"]), ("train.data", "eval.data", "search.corpus"))
+    # a model of your own: every data path the command reads is given, a file or 'world' on purpose
+    # (deploy/configs/smollm2.yaml writes 'world'), never left at its default
+    with pytest.raises(ConfigError, match=r"model.path=/m is your own model, but this command also reads "
+                                          r"train.data, search.corpus, left unset .* train.data=world "
+                                          r"search.corpus=world to use the embedded world's on purpose"):
+        check_no_silent_world(load_config(TINY, ["model.path=/m"]), ("train.data", "search.corpus"))
+    check_no_silent_world(load_config(TINY, ["model.path=/m", "train.data=world", "search.corpus=world"]),
+                          ("train.data", "search.corpus"))
+    check_no_silent_world(load_config("deploy/configs/smollm2.yaml"), ("train.data", "eval.data", "search.corpus",
+                                                                       "train.sft_data"))
     # the rollout of a config with an external retriever reads no corpus
     ext = load_config(TINY, ["train.data=/t.jsonl", "eval.data=/e.jsonl", "search.url=http://127.0.0.1:9/retrieve"])
     from services.common.paths import corpus_needed

@@ -190,7 +190,9 @@ def overrides(cluster, grammar_model, tmp_path_factory):
     run_dir, port = tmp_path_factory.mktemp("multinode") / "run", free_ports(1)[0]
     return run_dir, [
         f"ray.address={cluster.address}", f"ray.http_port={port}", "ray.proxy_location=HeadOnly",
-        f"model.path={grammar_model}", "train.init_from_sft=false", f"train.run_dir={run_dir}",
+        f"model.path={grammar_model}", "train.init_from_sft=false",
+        "train.data=world", "eval.data=world", "search.corpus=world",  # the world's data, given
+        f"train.run_dir={run_dir}",
         f"train.prompts_per_step={PROMPTS}", "train.eval_every=100", f"rollout.n={N}", "rollout.max_turns=3",
         "rollout.max_response_tokens=64", "rollout.groups_per_call=1", "rollout.call_retries=6",
         f"ray.call_timeout_s={CALL_TIMEOUT_S}",

@@ -32,6 +32,7 @@ def run(serve_http, grammar_model, world, tmp_path_factory):
     port = int(serve_http.rsplit(":", 1)[1])
     cfg = load_config("deploy/configs/tiny.yaml", [
         f"ray.app_prefix={PREFIX}", f"ray.http_port={port}", f"model.path={grammar_model}", "train.init_from_sft=false",
+        "train.data=world", "eval.data=world", "search.corpus=world",
         f"train.run_dir={run_dir}", "train.steps=2", f"train.prompts_per_step={PROMPTS}", "train.eval_every=2",
         f"rollout.n={N}", "rollout.replicas=2", "rollout.num_cpus=0.2", "rollout.max_turns=3",
         "rollout.max_response_tokens=64", "rollout.groups_per_call=1", "rollout.call_retries=3",
