@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from services.common import gguf_model
-from services.common.config import ConfigError, load_config
+from services.common.config import ConfigError, config_args, load_config
 from services.common.config import main as config_main
 from services.common.jsonl import read_jsonl
 from services.common.replicas import NoReplica
@@ -51,9 +51,6 @@ from services.world.__main__ import main as world_main
 # Imported inside the command that needs it: the modules that import torch, Ray or pandas at their top
 # (sft, train, the search backends, the call retries, the pipeline that builds the world), so that
 # `mempo --help` and the light commands do not wait seconds for them.
-
-DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "deploy" / "configs" / "tiny.yaml")
-
 
 def _index(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="mempo index", description="Build a retrieval index from a Search-R1 JSONL corpus.")
@@ -127,10 +124,7 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def _split(args: list[str]) -> tuple[str, list[str]]:
-    """(config path, key=value overrides) of a command's positional arguments."""
-    path = args[0] if args and "=" not in args[0] else DEFAULT_CONFIG
-    return path, [a for a in args if a is not path]
+_split = config_args  # (config path, overrides) of a command's positional arguments
 
 
 def _load(args: list[str]):

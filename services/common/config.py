@@ -39,6 +39,17 @@ from services.search_tool.settings import SearchConfig
 from services.world.settings import WorldConfig
 
 
+# A command's config when it names none (`mempo sft`, `mempo data transcripts`, ...): the laptop scale.
+DEFAULT_CONFIG = str(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "tiny.yaml")
+
+
+def config_args(args: list[str]) -> tuple[str, list[str]]:
+    """(config path, key=value overrides) of a command's positional arguments: the first is the config
+    file unless it is an override; none = ``DEFAULT_CONFIG``."""
+    path = args[0] if args and "=" not in args[0] else DEFAULT_CONFIG
+    return path, [a for a in args if a is not path]
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending field(s)."""
 

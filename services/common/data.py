@@ -86,8 +86,9 @@ def _answer_lists(value: Any, k: int) -> list[list[str]]:
 def row_golds(row: dict, k_hint: int) -> list[list[str]]:
     """A row's acceptable answers, one list per question (``k_hint``: its number of questions)."""
     info = row.get("extra_info") or {}
-    if _plain(info.get("answers")) is not None and len(_plain(info["answers"])):
-        return _answer_lists(info["answers"], k_hint)
+    answers = _plain(info.get("answers"))
+    if answers is not None and len(answers):
+        return _answer_lists(answers, k_hint)
     for key in ("answers", "golden_answers", "answer"):
         if row.get(key) is not None:
             return _answer_lists(row[key], k_hint)
@@ -165,11 +166,28 @@ def row_k(row: dict) -> int:
 def load_prompts(path: str | Path, system_prompt: str, k: Optional[int] = None, limit: Optional[int] = None,
                  setting: str = "data") -> list[Prompt]:
     """The prompts of a question set (only its k-objective rows when ``k`` is given, the first ``limit``)."""
-    rows = read_rows(path, setting)
+    return _prompts(read_rows(path, setting), system_prompt, k, limit, f"{setting}: {path}")
+
+
+def _prompts(rows: list[dict], system_prompt: str, k: Optional[int], limit: Optional[int], where: str) -> list[Prompt]:
     numbered = [(n, r) for n, r in enumerate(rows, 1) if k is None or row_k(r) == k]
     if limit is not None:
         numbered = numbered[:limit]
-    return [row_to_prompt(r, system_prompt, where=f"{setting}: {path} row {n}") for n, r in numbered]
+    return [row_to_prompt(r, system_prompt, where=f"{where} row {n}") for n, r in numbered]
+
+
+def prompts_per_k(path: str | Path, system_prompt: str, ks: list[int], limit: Optional[int] = None,
+                  setting: str = "eval.data") -> dict[int, list[Prompt]]:
+    """{k: the first ``limit`` k-objective prompts} for each k of ``ks`` (empty = every k the file has),
+    the file read once; a k with no rows is a DataError naming the k values the file has."""
+    rows = read_rows(path, setting)
+    present = sorted({row_k(r) for r in rows})
+    out = {k: _prompts(rows, system_prompt, k, limit, f"{setting}: {path}") for k in (ks or present)}
+    empty = [k for k, v in out.items() if not v]
+    if empty:
+        raise DataError(f"eval.objectives: no held-out prompts with k in {empty} in {path} (its rows have k in "
+                        f"{present}; leave eval.objectives empty to evaluate those)")
+    return out
 
 
 def objectives_in(path: str | Path, setting: str = "eval.data") -> list[int]:

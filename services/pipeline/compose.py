@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from services.common.data import QUESTION_JOINER, row_golds, row_questions, read_rows
+from services.common.data import QUESTION_JOINER, read_rows, row_entities, row_golds, row_questions
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,8 @@ def singles(path: str | Path) -> list[Single]:
         if len(questions) != 1 or len(golds) != 1:
             raise ValueError(f"{path} row {n}: has {len(questions)} questions; compose takes single questions")
         ident = str(row.get("id", (row.get("extra_info") or {}).get("index", n)))
-        entity = row.get("entity")
-        if entity is None and isinstance(row.get("entities"), list) and row["entities"]:
-            entity = row["entities"][0]
-        out.append(Single(ident, questions[0], tuple(golds[0]), str(entity if entity is not None else ident),
-                          str(row.get("data_source", ""))))
+        entity = (row_entities(row) or ident).split(QUESTION_JOINER)[0]
+        out.append(Single(ident, questions[0], tuple(golds[0]), entity, str(row.get("data_source", ""))))
     return out
 
 

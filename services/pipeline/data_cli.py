@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from tqdm import tqdm
-
-DEFAULT_CONFIG = str(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "tiny.yaml")
-
 
 def _ks(text: str) -> list[int]:
     try:
@@ -63,7 +59,7 @@ def _fanoutqa(argv: list[str]) -> int:
 
 
 def _transcripts(argv: list[str]) -> int:
-    from services.common.config import load_config
+    from services.common.config import config_args, load_config
     from services.common.data import read_rows
     from services.common.paths import data_path
     from services.pipeline import endpoint_agent as ea
@@ -104,8 +100,7 @@ def _transcripts(argv: list[str]) -> int:
                          0.7 if a.temperature is None else a.temperature,
                          timeout_s=120.0 if a.timeout is None else a.timeout,
                          retries=3 if a.retries is None else a.retries)
-    path = a.args[0] if a.args and "=" not in a.args[0] else DEFAULT_CONFIG
-    cfg = prepare_world(load_config(path, [x for x in a.args if x is not path]), needs=("train.data", "search.corpus"))
+    cfg = prepare_world(load_config(*config_args(a.args)), needs=("train.data", "search.corpus"))
     rows = read_rows(data_path(cfg, "train"), "train.data")[: a.limit or None]
     backend = load_backend(cfg)
     topk = cfg.search.topk

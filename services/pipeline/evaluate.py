@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from services.common.codec import decode
 from services.common.config import MempoConfig
-from services.common.data import load_prompts, objectives_in
+from services.common.data import prompts_per_k
 from services.common.messages import MemoryScoreBatch, Prompt, PromptBatch, TrajectoryBatch
 from services.common.paths import data_path, model_path
 from services.learner.group_samples import decoded_turn, turn_record
@@ -46,14 +46,7 @@ SAMPLES_PER_K = 3  # complete decoded episodes kept per k for samples.md
 
 
 def eval_prompts(cfg: MempoConfig, per_k: int) -> dict[int, list[Prompt]]:
-    path = data_path(cfg, "test")
-    ks = cfg.eval.objectives or objectives_in(path)
-    out = {k: load_prompts(path, cfg.rollout.system_prompt, k=k, limit=per_k, setting="eval.data") for k in ks}
-    empty = [k for k, v in out.items() if not v]
-    if empty:
-        raise ValueError(f"eval.objectives: no held-out prompts with k in {empty} in {path} (its rows have k in "
-                         f"{objectives_in(path)}; leave eval.objectives empty to evaluate those)")
-    return out
+    return prompts_per_k(data_path(cfg, "test"), cfg.rollout.system_prompt, cfg.eval.objectives, per_k)
 
 
 @lru_cache(maxsize=4)

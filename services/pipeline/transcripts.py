@@ -43,10 +43,11 @@ class _Goal:
 
 def _gold_in(docs: list[dict], golds: list[str]) -> str | None:
     """The first gold answer a passage states (normalised text containment), else None."""
+    wanted = [(gold, f" {normalize_answer(gold)} ") for gold in golds if normalize_answer(gold)]
     for doc in docs:
         text = " " + normalize_answer(" ".join(split_contents(doc["contents"]))) + " "
-        for gold in golds:
-            if normalize_answer(gold) and f" {normalize_answer(gold)} " in text:
+        for gold, needle in wanted:
+            if needle in text:
                 return gold
     return None
 

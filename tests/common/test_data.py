@@ -92,3 +92,13 @@ def test_unreadable_files_name_the_setting(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"question": "a?", "answers": ["x"]}\nnot json\n')
     with pytest.raises(DataError, match=r"bad.jsonl line 2 is not JSON"):
         read_rows(tmp_path / "bad.jsonl")
+
+
+def test_prompts_per_k_defaults_to_the_files_k_values_and_names_them_for_a_missing_one(tmp_path):
+    from services.common.data import prompts_per_k
+
+    path = write_jsonl(tmp_path / "t.jsonl", [{"question": "a?", "answers": ["x"]},
+                                              {"question": ["a?", "b?"], "answers": [["x"], ["y"]]}])
+    assert {k: len(v) for k, v in prompts_per_k(path, SYSTEM, []).items()} == {1: 1, 2: 1}
+    with pytest.raises(DataError, match=r"no held-out prompts with k in \[4\] .*its rows have k in \[1, 2\]"):
+        prompts_per_k(path, SYSTEM, [1, 4])
