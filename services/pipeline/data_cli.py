@@ -14,6 +14,9 @@ import sys
 
 from tqdm import tqdm
 
+from services.common.config import config_args, load_config
+from services.common.paths import data_path
+
 def _ks(text: str) -> list[int]:
     try:
         ks = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -24,8 +27,13 @@ def _ks(text: str) -> list[int]:
     return ks
 
 
+# Each subcommand imports its work on use: services/cli.py imports this module for every `mempo` command
+# (and `mempo --help`), which should not wait for pandas (compose, the question sets), httpx (the endpoint)
+# or torch and the world's builder (transcripts: the retrieval index).
+
+
 def _compose(argv: list[str]) -> int:
-    from services.pipeline.compose import compose
+    from services.pipeline.compose import compose  # pandas
 
     p = argparse.ArgumentParser(prog="mempo data compose", description="MEM1-style k-objective tasks from a "
                                 "single-question set (any format train.data accepts), split into train and test "
@@ -46,7 +54,7 @@ def _compose(argv: list[str]) -> int:
 
 
 def _fanoutqa(argv: list[str]) -> int:
-    from services.pipeline.fanout import write_fanoutqa
+    from services.pipeline.fanout import write_fanoutqa  # on use, as above
 
     p = argparse.ArgumentParser(prog="mempo data fanoutqa", description="FanOutQA's dev questions (shipped in the "
                                 "fanoutqa package, CC BY-SA 4.0) as single questions, with a generated corpus: "
@@ -59,13 +67,11 @@ def _fanoutqa(argv: list[str]) -> int:
 
 
 def _transcripts(argv: list[str]) -> int:
-    from services.common.config import config_args, load_config
-    from services.common.data import read_rows
-    from services.common.paths import data_path
-    from services.pipeline import endpoint_agent as ea
+    from services.common.data import read_rows  # pandas
+    from services.pipeline import endpoint_agent as ea  # httpx
     from services.pipeline.transcripts import write_transcripts
     from services.search_tool.backends import load_backend  # torch
-    from services.world.build import prepare_world
+    from services.world.build import prepare_world  # pandas, the world's generators
 
     p = argparse.ArgumentParser(prog="mempo data transcripts", description="MemPO SFT transcripts for train.data's "
                                 "questions on search.corpus's index, by a gold-known oracle (the corpus must state the "

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+from tqdm import tqdm
 
 _CHUNK = 64 << 20  # bytes per read when scanning for line starts
 
@@ -35,8 +36,6 @@ def _stamp(corpus: Path) -> dict:
 def write_offsets(corpus: str | Path, out: str | Path, show_progress: bool = False) -> int:
     """Scan ``corpus`` once (64 MB at a time, never all of it in memory) and write the start of every
     non-blank line plus the file size to ``out`` (.npy, uint64), atomically. Returns the row count."""
-    from tqdm import tqdm
-
     corpus, out = Path(corpus), Path(out)
     size = corpus.stat().st_size
     starts: list[np.ndarray] = []

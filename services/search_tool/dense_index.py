@@ -66,7 +66,7 @@ class TextEncoder:
 
     def __init__(self, path: str | Path, query_prefix: str = "query: ", passage_prefix: str = "passage: ",
                  max_length: int = 256, batch_size: int = 64, device: str = "auto"):
-        import torch
+        import torch  # on use: a replica of the BM25 backend (backends.py imports this module) never loads it
         from transformers import AutoModel, AutoTokenizer  # transformers on use
 
         if not Path(path).is_dir():
@@ -86,7 +86,7 @@ class TextEncoder:
         return int(self.model.config.hidden_size)
 
     def encode(self, texts: list[str], prefix: str = "", show_progress: bool = False) -> np.ndarray:
-        import torch
+        import torch  # loaded by __init__ already; see there
 
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # similar lengths share a batch
