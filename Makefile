@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup model test test-fast world run bench gpu-check clean
+.PHONY: setup model test test-fast world run starts bench gpu-check clean
 
 setup: $(STAMP) model
 
@@ -48,6 +48,11 @@ compare: $(STAMP)
 	$(MEMPO) world build $(CONFIG) $(ARGS)
 	$(MEMPO) sft $(CONFIG) $(ARGS)
 	$(MEMPO) compare $(CONFIG) $(ARGS) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(VARIANTS),--variants $(VARIANTS))
+
+# RL - SFT at several SFT starts (train.seed 0 .. SEEDS-1, each a whole `make run` in runs/tiny-seeds/s<seed>/;
+# one kept if its eval.json is there): bench/starts.py, table in runs/tiny-seeds/starts.md.
+starts: $(STAMP)
+	$(PY) bench/starts.py --config $(CONFIG) $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/codec.py
