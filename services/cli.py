@@ -6,6 +6,8 @@
     mempo eval  [CONFIG.yaml] [key=value ...] [--policy NAME=DIR ...] [--pair A:B ...] [--report]
                                                  held-out EM/F1/turns/TT/PT/R_mem per k, side by side
     mempo compare [CONFIG.yaml] [key=value ...]  MemPO vs MEM1-like vs Search-R1-like from one SFT start
+    mempo chaos [CONFIG.yaml] [key=value ...] [--steps 30 --seed 0 | --plan STEP:KIND,...]   training under
+                                                 random faults and REST load, invariants checked
     mempo serve [CONFIG.yaml] [key=value ...] [--apps search,scorer,...]   deploy services only
     mempo scale rollout|scorer|search N [--run-dir DIR]   resize one service of a running pipeline
     mempo plan  [CONFIG.yaml] [key=value ...] [--node SPEC ...] [--serve-config F] [--kuberay F] [--check]
@@ -206,6 +208,37 @@ def _compare(argv: list[str]) -> int:
     return 0
 
 
+def _chaos(argv: list[str]) -> int:
+    from services.pipeline import chaos, chaos_faults  # pandas and Ray on use (`mempo --help` imports cli)
+
+    p = _parser("chaos", "A training run on a local multi-node cluster under random faults and REST load, with its "
+                         "invariants checked, against an unfaulted twin. Writes <train.run_dir>/chaos/report.md and "
+                         "chaos.json; exit status 1 if an invariant broke.")
+    p.add_argument("--steps", type=int, default=30, help="training steps of each run (default 30)")
+    p.add_argument("--seed", type=int, default=0, help="the fault schedule's seed: the same seed, the same faults")
+    p.add_argument("--plan", default="", help="a fixed plan instead of a drawn one: STEP:KIND[+KIND...][,...]")
+    p.add_argument("--kinds", default=",".join(chaos_faults.KINDS), help="the kinds to draw from (comma-separated)")
+    p.add_argument("--max-faults", type=int, default=None, help="stop drawing after this many faults")
+    p.add_argument("--overlap", type=float, default=0.35, help="chance a second kind lands in the same step")
+    p.add_argument("--no-baseline", action="store_true", help="skip the unfaulted twin and the held-out eval")
+    p.add_argument("--rest-rate", type=float, default=1.0, help="scorer REST requests per second (default 1)")
+    p.add_argument("--rest-max", type=int, default=5000, help="at most this many REST requests")
+    p.add_argument("--out", default=None, help="output folder (default <train.run_dir>/chaos; emptied first)")
+    a = p.parse_intermixed_args(argv)
+    if a.steps < 2:
+        p.error("--steps must be at least 2 (faults start at step 2)")
+    path, overrides = _split(a.args)
+    _load(a.args)  # fail on a bad key before any node starts
+    _setup_logging()
+    plan = (chaos_faults.parse_plan(a.plan) if a.plan else
+            chaos_faults.schedule(a.seed, a.steps, tuple(filter(None, a.kinds.split(","))), overlap=a.overlap,
+                                  max_faults=a.max_faults))
+    result = chaos.run_chaos(path, overrides, plan, a.steps, a.seed, not a.no_baseline, a.rest_rate, a.rest_max,
+                             a.out)
+    print(chaos.report(result), flush=True)
+    return 1 if result["violations"] else 0
+
+
 def _serve(argv: list[str]) -> int:
     p = _parser("serve", "Deploy the services (no training) and keep them up until Ctrl-C: e.g. the scorer's "
                          "REST endpoint (POST /scorer/score) and Search-R1's POST /retrieve.")
@@ -305,6 +338,7 @@ def _view(argv: list[str]) -> int:
 
 
 COMMANDS = {"view": _view, "plan": _plan, "sft": _sft, "train": _train, "eval": _eval, "compare": _compare,
+            "chaos": _chaos,
             "serve": _serve, "scale": _scale, "index": _index, "model": _model, "data": data_cli.main}
 
 

@@ -9,7 +9,8 @@ limit (413, checked while it streams in), bytes that are not UTF-8 JSON, a numbe
 than Python parses (ValueError), nesting deeper than the parser's recursion limit (RecursionError)
 or than ``MAX_DEPTH`` (checked by a loop, not by recursion), NaN / Infinity / an overflowing float (400), a
 string with a lone UTF-16 surrogate such as ``"\\ud800"`` (422 naming the field: it would break
-the tokenizer or any UTF-8 encoder later), and anything that is not a JSON object (422).
+the tokenizer or any UTF-8 encoder later), and anything that is not a JSON object (422). A body that
+does not arrive (``BODY_TIMEOUT_S``) is a 503 with Retry-After: the one 5xx, and safe to send again.
 ``install_error_handlers`` gives FastAPI's own errors (404, 405, a validation error) the same
 shape, and ``document_body`` puts a request model into the OpenAPI schema (/docs) without letting
 FastAPI parse the body itself.
@@ -17,6 +18,7 @@ FastAPI parse the body itself.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 
@@ -27,6 +29,11 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 MAX_DEPTH = 64  # nesting of a request body; ours need 3
+# How long a replica waits for a request's body. Serve's proxy holds the whole body when it sends a request on,
+# so it comes at once; but a request the proxy re-sends after its first replica died reaches the new replica
+# with no body at all (the dead one had taken it: seen in `mempo chaos`), and would wait until the client
+# gave up. After this many seconds it is answered 503 with Retry-After: nothing was done, send it again.
+BODY_TIMEOUT_S = 15.0
 # pydantic adds the tried member of a union (``str``, ``list[str]``) to an error's location
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "tuple", "set", "none"}
 
@@ -92,17 +99,29 @@ def _check_tree(data) -> None:
                                 f"send UTF-8 text") from None
 
 
-async def read_json(request: Request, max_bytes: int) -> dict:
-    """The request body as a JSON object, or an HttpError (see the module docstring)."""
+async def read_json(request: Request, max_bytes: int, timeout_s: float = BODY_TIMEOUT_S) -> dict:
+    """The request body as a JSON object, or an HttpError (see the module docstring); a body that has
+    not arrived within ``timeout_s`` is a 503 with Retry-After (``BODY_TIMEOUT_S``)."""
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > max_bytes:
         raise HttpError(413, "body", f"request body over {max_bytes} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise HttpError(413, "body", f"request body over {max_bytes} bytes")
-        chunks.append(chunk)
+    chunks: list[bytes] = []
+
+    async def receive() -> None:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise HttpError(413, "body", f"request body over {max_bytes} bytes")
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(receive(), timeout_s)
+    except asyncio.TimeoutError:
+        got = sum(map(len, chunks))
+        raise HttpError(503, "body", f"the request body did not arrive within {timeout_s:g}s ({got} of "
+                                     f"{length or 'unknown'} bytes); nothing was done: send the request again",
+                        {"Retry-After": "1"}) from None
     body = b"".join(chunks)
     try:
         data = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)

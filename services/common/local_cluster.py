@@ -19,6 +19,14 @@ and a non-single-node cluster rewrites 127.0.0.1 to the machine's routable addre
 the network; services/common/local_ray.py). Here every node is started as Ray's own multi-node test
 utility (``ray.cluster_utils.Cluster``) starts them: a ``ray._private.node.Node`` per node, all on
 127.0.0.1. Token authentication follows the environment (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN).
+
+``LocalCluster`` starts and stops such nodes from Python (the multi-node tests, ``mempo chaos``):
+
+    cluster = LocalCluster.create()                      # a temp dir, token auth with a fresh token
+    cluster.add("head", 2, {"head_node": 100}, head=True)
+    cluster.add("worker-1", 1, {"rollout_node": 1})
+    cluster.kill_node("worker-1")                        # lost as a machine is: raylet and its family, SIGKILL
+    cluster.shutdown()                                   # every node, and any process left mentioning it
 """
 
 from __future__ import annotations
@@ -26,12 +34,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from services.common.local_ray import LOOPBACK, free_ports, use_loopback_node
+import httpx
+import psutil
+
+from services.common.local_ray import LOOPBACK, LOOPBACK_ENV, free_ports, use_loopback_node
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def start_node(name: str, num_cpus: int, resources: dict, join: str | None, temp_dir: str,
@@ -96,6 +112,172 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.5)
     node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
     return 0
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a node process's whole session (what a failed start left of it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+class NodeStartError(RuntimeError):
+    """A node of a LocalCluster did not come up; the message carries the tail of its log."""
+
+
+class LocalCluster:
+    """Nodes of one multi-node Ray cluster on this machine, each a ``python -m
+    services.common.local_cluster`` process (module docstring), started in its own session."""
+
+    def __init__(self, temp_dir: str, env: dict):
+        self.temp_dir, self.env = temp_dir, env
+        self.nodes: dict[str, dict] = {}  # name -> the node's info (node_id, gcs_address, raylet_pid, ...)
+        self.procs: list[subprocess.Popen] = []
+
+    @classmethod
+    def create(cls, prefix: str = "mn") -> "LocalCluster":
+        """A cluster in a fresh, short temp dir (Ray's socket paths live under it), token auth on with
+        a token of its own, every address on loopback."""
+        temp_dir = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+        env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
+                   RAY_USAGE_STATS_ENABLED="0", **LOOPBACK_ENV)
+        for key in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+            env.pop(key, None)
+        return cls(temp_dir, env)
+
+    def add(self, name: str, cpus: int, resources: dict, head: bool = False, timeout_s: float = 120,
+            tries: int = 2) -> dict:
+        """Start a node (the head first) and wait until it is up; returns its info. A node whose start
+        Ray gives up on (its raylet not registered in time: a loaded machine) is started again, up to
+        ``tries`` times in all."""
+        for attempt in range(1, tries + 1):
+            try:
+                return self._start(name, cpus, resources, head, timeout_s)
+            except NodeStartError:
+                if attempt == tries:
+                    raise
+
+    def _start(self, name: str, cpus: int, resources: dict, head: bool, timeout_s: float) -> dict:
+        info = Path(self.temp_dir) / f"{name}.json"
+        cmd = [sys.executable, "-m", "services.common.local_cluster", "--name", name, "--num-cpus", str(cpus),
+               "--resources", json.dumps(resources), "--info", str(info), "--temp-dir", f"{self.temp_dir}/r",
+               "--object-store-memory", str(200 * 1024 * 1024)]
+        cmd += (["--dashboard", "--system-config", json.dumps({"max_direct_call_object_size": 1024})] if head
+                else ["--join", self.nodes["head"]["gcs_address"]])
+        log_path = Path(self.temp_dir) / f"{name}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self.procs.append(proc)
+        deadline = time.time() + timeout_s
+        while not info.is_file():
+            if time.time() > deadline or proc.poll() is not None:
+                _stop_group(proc)
+                raise NodeStartError(f"node {name} did not come up: {log_path.read_text()[-2000:]}")
+            time.sleep(0.5)
+        self.nodes[name] = json.loads(info.read_text())
+        return self.nodes[name]
+
+    @property
+    def address(self) -> str:
+        return self.nodes["head"]["gcs_address"]
+
+    def state(self, resource: str) -> list[dict]:
+        """Ray's state API (the head's dashboard): the live actors or nodes."""
+        r = httpx.get(f"{self.nodes['head']['dashboard_url']}/api/v0/{resource}", params={"limit": 10000},
+                      headers={"Authorization": f"Bearer {self.env['RAY_AUTH_TOKEN']}"}, timeout=30)
+        r.raise_for_status()
+        return r.json()["data"]["result"]["result"]
+
+    def placement(self) -> dict[str, list[str]]:
+        """Alive actors by class, as the names of the nodes they run on."""
+        names = {n["node_id"]: n["node_name"] for n in self.state("nodes")}
+        out: dict[str, list[str]] = {}
+        for a in self.state("actors"):
+            if a["state"] == "ALIVE":
+                out.setdefault(a["class_name"], []).append(names.get(a["node_id"], a["node_id"]))
+        return {k: sorted(v) for k, v in out.items()}
+
+    def processes(self, title: str) -> dict[str, list[int]]:
+        """Live node name -> the pids its raylet started whose command line has a part starting with
+        ``title`` (Ray titles an actor's worker process ``ray::<class name>``): the process table, read in
+        milliseconds."""
+        found: dict[str, list[int]] = {}
+        for name, info in self.nodes.items():
+            try:
+                family = psutil.Process(info["raylet_pid"]).children(recursive=True)
+            except psutil.NoSuchProcess:  # a node already lost
+                continue
+            for p in family:
+                try:
+                    if any(part.startswith(title) for part in p.cmdline()):
+                        found.setdefault(name, []).append(p.pid)
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    pass
+        return found
+
+    def nodes_running(self, title: str) -> list[str]:
+        """The live nodes running a process titled ``title`` (see ``processes``)."""
+        return list(self.processes(title))
+
+    def alive(self, name: str) -> bool:
+        try:
+            return psutil.Process(self.nodes[name]["raylet_pid"]).is_running()
+        except psutil.NoSuchProcess:
+            return False
+
+    def kill_node(self, name: str) -> None:
+        """The node goes away as a machine does: its raylet (by pid) and, in the same instant, every
+        process it started (the replicas' workers and their vLLM engine), all with SIGKILL."""
+        raylet = psutil.Process(self.nodes[name]["raylet_pid"])
+        for p in [raylet] + raylet.children(recursive=True):
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    def leftovers(self) -> list[int]:
+        """Pids of live processes of this cluster: a command line that mentions its temp dir, or the
+        cluster's token in the environment (every process a node starts inherits it, an orphaned vLLM
+        engine too). None after a clean shutdown; this process itself is left out."""
+        token = self.env.get("RAY_AUTH_TOKEN")
+        found = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            if p.pid == os.getpid():
+                continue
+            try:
+                if any(self.temp_dir in part for part in (p.info["cmdline"] or ())) or (
+                        token and p.environ().get("RAY_AUTH_TOKEN") == token):
+                    found.append(p.pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                pass
+        return found
+
+    def shutdown(self) -> None:
+        """Stop every node (SIGTERM to its process group, then SIGKILL to whatever is left of its family
+        or still mentions the temp dir)."""
+        family = []
+        for p in self.procs:
+            try:
+                family += psutil.Process(p.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        for p in family + [psutil.Process(pid) for pid in self.leftovers() if psutil.pid_exists(pid)]:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
 
 
 if __name__ == "__main__":

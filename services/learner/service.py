@@ -14,7 +14,9 @@ PPO/GRPO update on W ranks -> version + 1 -> every ``learner.checkpoint_every`` 
 checkpoint in ``train.run_dir`` -> the full state dict to every replica of ``learner.publish_to``
 (``learner.publish``: by the object store, or by a gloo group, services/learner/collective.py).
 On start it resumes from the latest complete checkpoint of ``train.run_dir`` (``learner.resume``).
-A worker that dies mid-update gets the group rebuilt from that checkpoint (see ``_train_step``).
+A worker that dies (mid-update, or idle before a save, publish or export) gets the group rebuilt from
+that checkpoint (see ``_with_group``).
+Each start and each update is appended to ``<run_dir>/ledger.jsonl`` (services/learner/ledger.py).
 
     serve.run(learner_app(cfg), name="learner", route_prefix=None)
 """
@@ -36,6 +38,7 @@ from services.common.messages import MemoryScoreBatch, TrajectoryBatch
 from services.common.paths import model_path
 from services.common.retention import retention_metrics
 from services.common.serve_version import pinned
+from services.learner.ledger import Ledger
 
 log = logging.getLogger("mempo.learner")
 
@@ -78,6 +81,17 @@ def stage_metrics(trajs: list[TrajectoryBatch], scores: list[MemoryScoreBatch], 
     return out
 
 
+def trained_prompts(trajs: list[TrajectoryBatch]) -> dict[str, list[int]]:
+    """Prompt uid -> [groups, episodes] over a step's trajectory batches (the ledger's ``prompts``)."""
+    out: dict[str, list[int]] = {}
+    for t in trajs:
+        for g in t.groups:
+            count = out.setdefault(g.prompt.uid, [0, 0])
+            count[0] += 1
+            count[1] += len(g.episodes)
+    return out
+
+
 def publish_handles(targets: list[str]) -> list:
     """Handles of the ``app:deployment`` targets the learner publishes weights to. One not deployed
     (``mempo serve --apps learner`` alone) is left out with a warning, not a failed start."""
@@ -107,6 +121,8 @@ class LearnerService:
         resumed = self.group.resume(self.cfg.train.run_dir)
         self.step_no = resumed["step"] if resumed else 0
         self.version = self.step_no
+        self.ledger = Ledger(self.cfg.train.run_dir)  # what each update trained (services/learner/ledger.py)
+        self.ledger.start(self.step_no, self.group.param_digest(), "checkpoint" if resumed else "fresh")
         handles = publish_handles(self.cfg.learner.publish_to)
         if self.cfg.learner.publish == "object_store":
             self.publisher = ObjectStorePublisher(handles)
@@ -137,6 +153,7 @@ class LearnerService:
         t0 = time.perf_counter()
         samples, adv_metrics, trajs, score_batches, shown = [], [], [], [], []
         stale_scores = stale_samples = 0
+        dropped_versions: list[int] = []  # of memory scores dropped as stale (the ledger lists them)
         for i, ref in enumerate(traj_refs):
             traj = decode(self._fetch(ref, f"trajectory batch {i}"), TrajectoryBatch)
             scores = (decode(self._fetch(score_refs[i], f"memory scores {i}"), MemoryScoreBatch)
@@ -147,6 +164,7 @@ class LearnerService:
                 log.warning("memory scores of version %d dropped (learner at %d, max_staleness %d)",
                             scores.policy_version, self.version, max_staleness)
                 stale_scores += 1
+                dropped_versions.append(scores.policy_version)
                 scores = None
             adv = compute_advantages(traj, scores, self.cfg.algorithm)
             shown += group_records(traj, scores, adv, self.cfg.train.sample_groups - len(shown))  # for mempo view
@@ -167,10 +185,10 @@ class LearnerService:
         self.step_no += 1
         self.version += 1
         if self.step_no % self.cfg.learner.checkpoint_every == 0:
-            metrics["checkpoint"] = self.group.save_checkpoint(self.cfg.train.run_dir, self.step_no,
-                                                               {"version": self.version})
+            metrics["checkpoint"] = self._with_group(f"the checkpoint of step {self.step_no}", self.save_now)
         t1 = time.perf_counter()
-        report = self.publisher.publish(self.group.full_state_dict(), self.version) if self.publisher.handles else {}
+        report = (self.publisher.publish(self._with_group("publication", self.group_state), self.version)
+                  if self.publisher.handles else {})
         n = max(1, len(adv_metrics))
         for key in ("reward_mean", "f1_mean", "format_ok_share", "groups_with_variance"):
             metrics[key] = sum(m[key] for m in adv_metrics) / n
@@ -184,6 +202,11 @@ class LearnerService:
                        stale_score_batches=float(stale_scores), stale_samples_dropped=float(stale_samples), **stages)
         if "path" in report:  # learner.publish collective/auto: 1 when this step's weights went by the group
             metrics["publish_collective"] = float(report["path"] == "collective")
+        # the ledger first: a step is on record before the driver hears of it (services/learner/ledger.py)
+        digest = self._with_group("the ledger's digest", self.group_digest)
+        self.ledger.trained(self.step_no, digest, trained_prompts(trajs),
+                            [x.version for x in samples], [s.policy_version for s in score_batches],
+                            dropped_versions, stale_samples, "checkpoint" in metrics, metrics)
         metrics["groups"] = shown  # not a metric: the driver writes it to groups.jsonl
         return metrics
 
@@ -193,29 +216,44 @@ class LearnerService:
         return self.version - version <= max_staleness
 
     def _train_step(self, batch) -> dict:
-        """One update; if a worker of the group dies during it, the group is rebuilt from the latest
-        complete checkpoint and, when that checkpoint is of the step before this one, the update is
-        done again (automatic). Otherwise the steps since that checkpoint are gone: the call fails
-        saying so, and the same ``mempo train`` command resumes there."""
+        """One update, on a group rebuilt first if a worker of it died (``_with_group``)."""
+        self.phase = "train_step"
+        restarts = self.restarts
+        metrics = self._with_group(f"step {self.step_no + 1}", lambda: self.group.train_step(batch))
+        if self.restarts != restarts:
+            metrics.update(learner_restarts=float(self.restarts), learner_restart_s=self.last_restart_s)
+        return metrics
+
+    def _with_group(self, what: str, call):
+        """``call()`` on the worker group. If a worker of it has died (during the call, or idle since the
+        last one), the group is rebuilt from the latest complete checkpoint and, when that checkpoint
+        holds the current step (for an update: the step before it), ``call`` is made again (automatic).
+        Otherwise the steps since that checkpoint are gone: the call fails saying so, and the same
+        ``mempo train`` command resumes there."""
         try:
-            self.phase = "train_step"
-            return self.group.train_step(batch)
+            return call()
         except RayActorError as e:
-            log.error("a learner worker died during step %d (%s); rebuilding the group", self.step_no + 1,
-                      type(e).__name__)
+            log.error("a learner worker died (%s during %s); rebuilding the group", type(e).__name__, what)
             t0 = time.perf_counter()
             resumed = self._rebuild_group()
             self.restarts += 1
             self.last_restart_s = time.perf_counter() - t0
             if resumed != self.step_no:
                 self.step_no = self.version = resumed
-                raise RuntimeError(f"a learner worker died; the group was rebuilt from the checkpoint of step {resumed} "
-                                   f"(the latest complete one): run the same command again to resume from there") from e
-            log.warning("learner group rebuilt at step %d in %.1fs; training the step again", resumed,
-                        self.last_restart_s)
-            metrics = self.group.train_step(batch)
-            metrics.update(learner_restarts=float(self.restarts), learner_restart_s=self.last_restart_s)
-            return metrics
+                raise RuntimeError(f"a learner worker died; the group was rebuilt from the checkpoint of step "
+                                   f"{resumed} (the latest complete one): run the same command again to resume "
+                                   f"from there") from e
+            log.warning("learner group rebuilt at step %d in %.1fs; %s again", resumed, self.last_restart_s, what)
+            return call()
+
+    def save_now(self) -> str:
+        return self.group.save_checkpoint(self.cfg.train.run_dir, self.step_no, {"version": self.version})
+
+    def group_state(self) -> dict:
+        return self.group.full_state_dict()  # of the group current when called (a rebuilt one on a retry)
+
+    def group_digest(self) -> float:
+        return self.group.param_digest()
 
     def _rebuild_group(self) -> int:
         """A fresh worker group at the latest complete checkpoint of the run; returns its step."""
@@ -227,7 +265,9 @@ class LearnerService:
             pass
         self.group = LearnerGroup(self.cfg, self.model_dir)
         resumed = self.group.resume(self.cfg.train.run_dir)
-        return resumed["step"] if resumed else 0
+        step = resumed["step"] if resumed else 0
+        self.ledger.start(step, self.group.param_digest(), "rebuilt")
+        return step
 
     async def step(self, traj_refs: list, score_refs: list | None = None, max_staleness: int = 0) -> dict:
         if not isinstance(max_staleness, int) or max_staleness < 0:
@@ -243,18 +283,19 @@ class LearnerService:
             path = step_dir(self.cfg.train.run_dir, self.step_no)
             if (path / MARKER).is_file():
                 return str(path)
-            return await asyncio.to_thread(self.group.save_checkpoint, self.cfg.train.run_dir, self.step_no,
-                                           {"version": self.version})
+            return await asyncio.to_thread(self._with_group, f"the checkpoint of step {self.step_no}", self.save_now)
 
     async def publish(self) -> dict:
         if not self.publisher.handles:
             return {}
         async with self.busy:
-            return await asyncio.to_thread(lambda: self.publisher.publish(self.group.full_state_dict(), self.version))
+            return await asyncio.to_thread(
+                lambda: self.publisher.publish(self._with_group("publication", self.group_state), self.version))
 
     async def export(self, out_dir: str) -> str:
         async with self.busy:
-            return await asyncio.to_thread(self.group.export_hf, out_dir, self.model_dir)
+            return await asyncio.to_thread(self._with_group, "the export",
+                                           lambda: self.group.export_hf(out_dir, self.model_dir))
 
     def info(self) -> dict:
         return {"replica": self.replica, "version": self.version, "step": self.step_no, "world_size": self.group.world, "model": self.model_dir,

@@ -50,7 +50,9 @@ class RunLog:
         self.groups_path = self.dir / "groups.jsonl"
         for path in (self.path, self.groups_path):
             kept = [r for r in read_rows(path) if r.get("step", 0) <= resume_step]
-            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            tmp.replace(path)  # the old rows or the kept ones, never an emptied file (a stop mid-rewrite)
         self.tb = None
         if tensorboard:
             try:

@@ -34,8 +34,9 @@ from services.common.paths import corpus_needed, data_path, model_path
 from services.pipeline.ahead import Generated, RolloutsAhead
 from services.pipeline.apps import Pipeline
 from services.learner.group_samples import decoded_group
+from services.learner.ledger import unlogged
 from services.pipeline.evaluate import decoder, eval_prompts, evaluate, flatten
-from services.pipeline.runlog import RunLog
+from services.pipeline.runlog import RunLog, read_rows
 from services.pipeline.sft import sft_dir
 from services.world.build import prepare_world
 
@@ -67,6 +68,16 @@ def stage_times(batch: Generated, stats: dict, step_s: float) -> dict:
     return out
 
 
+def log_unlogged(log: RunLog, run_dir: Path, step: int) -> int:
+    """Write the train rows of the steps up to ``step`` that the learner trained and this log lacks: a step
+    the learner finished after the last run's driver had stopped waiting for it (a stop while the update
+    ran) is in the learner's ledger (services/learner/ledger.py), not in metrics.jsonl. Returns how many."""
+    rows = unlogged(run_dir, {r["step"] for r in read_rows(log.path, "train")}, step)
+    for row in rows:
+        log.write("train", row["step"], row | {"recovered_from_ledger": 1.0})
+    return len(rows)
+
+
 def train(cfg: MempoConfig) -> dict:
     # builds the embedded world if the config uses it; with the user's own data, every path it reads must be given
     cfg = starting_policy(prepare_world(cfg, needs=("train.data", "eval.data") + corpus_needed(cfg)))
@@ -82,6 +93,7 @@ def train(cfg: MempoConfig) -> dict:
     held_out = eval_prompts(cfg, cfg.eval.during_training_per_k)
     step = pipe.learner.info()["step"]  # > 0 when the learner resumed a checkpoint
     log = RunLog(run_dir, resume_step=step)
+    log_unlogged(log, run_dir, step)
     decode = decoder(cfg)  # for the sampled training groups (groups.jsonl, read by `mempo view`)
     periodic = cfg.train.eval_every > 0
     if step == 0 and periodic:

@@ -23,11 +23,14 @@ import signal
 import threading
 import time
 
+import psutil
 import pytest
 import ray
 from ray import serve
 
 from services.common.config import load_config
+from services.learner import ledger
+from services.pipeline.chaos_checks import check_starts
 from services.pipeline.runlog import read_rows
 from services.pipeline.train import train
 from tests.pipeline.serve_waits import wait_while_serve_replaces
@@ -198,3 +201,20 @@ def test_a_learner_worker_killed_mid_update_is_rebuilt_from_the_last_checkpoint_
     assert trainer["sched"]["last_epoch"] == 5  # five schedule steps in the lineage: none applied twice
     print(f"\n[fault] learner worker killed: group rebuilt from checkpoint 4 in {row['learner_restart_s']:.1f}s, "
           f"step 5 trained again, step {row['step_s']:.1f}s")
+
+
+def test_a_learner_worker_dead_while_idle_is_rebuilt_at_the_next_call_with_the_weights_its_step_left(run):
+    # a worker that dies between steps (nothing running) used to fail the next save or export, e.g. the
+    # driver's final checkpoint; now any call on the group rebuilds it first (LearnerService._with_group)
+    cfg, run_dir = run
+    learner = _handle("learner")
+    before = learner.info.remote().result()
+    os.kill(before["worker_pids"][1], signal.SIGKILL)
+    _wait_for(lambda: not psutil.pid_exists(before["worker_pids"][1]), timeout=30)
+    learner.export.remote(str(run_dir / "export")).result()
+    after = learner.info.remote().result()
+    assert after["restarts"] == before["restarts"] + 1 and after["step"] == before["step"]
+    assert (run_dir / "export" / "config.json").is_file()
+    rows = ledger.read(run_dir)
+    assert (rows[-1]["event"], rows[-1]["why"], rows[-1]["step"]) == ("start", "rebuilt", before["step"])
+    assert check_starts(rows) == []  # the rebuilt group holds the weights of the step it resumed

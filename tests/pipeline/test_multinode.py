@@ -19,22 +19,16 @@ run, and kills the raylet of the node hosting the rollout replica while a step's
 """
 
 import json
-import os
 import re
-import secrets
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import httpx
-import psutil
 import pytest
 
+from services.common.local_cluster import LocalCluster
 from services.common.local_ray import free_ports
-from services.common.local_ray import LOOPBACK_ENV
 from services.pipeline.runlog import read_rows
 
 pytestmark = pytest.mark.slow
@@ -56,103 +50,14 @@ print(json.dumps(out))
 """
 
 
-class Cluster:
-    def __init__(self, temp_dir: str, env: dict):
-        self.temp_dir, self.env, self.nodes, self.procs = temp_dir, env, {}, []
-
-    def add(self, name: str, cpus: int, resources: dict, head: bool = False) -> dict:
-        info = Path(self.temp_dir) / f"{name}.json"
-        cmd = [PY, "-m", "services.common.local_cluster", "--name", name, "--num-cpus", str(cpus),
-               "--resources", json.dumps(resources), "--info", str(info), "--temp-dir", f"{self.temp_dir}/r",
-               "--object-store-memory", str(200 * 1024 * 1024)]
-        cmd += (["--dashboard", "--system-config", json.dumps({"max_direct_call_object_size": 1024})] if head
-                else ["--join", self.nodes["head"]["gcs_address"]])
-        log = open(Path(self.temp_dir) / f"{name}.log", "w")
-        self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True))
-        deadline = time.time() + 120
-        while not info.is_file():
-            if time.time() > deadline or self.procs[-1].poll() is not None:
-                pytest.fail(f"node {name} did not come up: {(Path(self.temp_dir) / f'{name}.log').read_text()[-2000:]}")
-            time.sleep(0.5)
-        self.nodes[name] = json.loads(info.read_text())
-        return self.nodes[name]
-
-    @property
-    def address(self) -> str:
-        return self.nodes["head"]["gcs_address"]
-
-    def state(self, resource: str) -> list[dict]:
-        """Ray's state API (the head's dashboard): the live actors or nodes."""
-        r = httpx.get(f"{self.nodes['head']['dashboard_url']}/api/v0/{resource}", params={"limit": 10000},
-                      headers={"Authorization": f"Bearer {self.env['RAY_AUTH_TOKEN']}"}, timeout=30)
-        r.raise_for_status()
-        return r.json()["data"]["result"]["result"]
-
-    def placement(self) -> dict[str, list[str]]:
-        """Alive actors by class, as the names of the nodes they run on."""
-        names = {n["node_id"]: n["node_name"] for n in self.state("nodes")}
-        out: dict[str, list[str]] = {}
-        for a in self.state("actors"):
-            if a["state"] == "ALIVE":
-                out.setdefault(a["class_name"], []).append(names.get(a["node_id"], a["node_id"]))
-        return {k: sorted(v) for k, v in out.items()}
+class Cluster(LocalCluster):
+    """The module's cluster (services/common/local_cluster.py), with a probe of the replicas' versions."""
 
     def probe(self) -> dict:
         out = subprocess.run([PY, "-c", PROBE, self.address], cwd=ROOT, env=self.env, capture_output=True, text=True,
                              timeout=120)
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
-
-    def nodes_running(self, title: str) -> list[str]:
-        """The live nodes whose raylet started a process titled ``title`` (Ray titles an actor's worker
-        process ``ray::<class name>``): the process table, read in milliseconds."""
-        found = []
-        for name, info in self.nodes.items():
-            try:
-                family = psutil.Process(info["raylet_pid"]).children(recursive=True)
-            except psutil.NoSuchProcess:  # a node already lost
-                continue
-            for p in family:
-                try:
-                    if any(part.startswith(title) for part in p.cmdline()):
-                        found.append(name)
-                        break
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    pass
-        return found
-
-    def kill_node(self, name: str) -> None:
-        """The node goes away as a machine does: its raylet (by pid) and, in the same instant, every
-        process it started (the replicas' workers and their vLLM engine), all with SIGKILL."""
-        raylet = psutil.Process(self.nodes[name]["raylet_pid"])
-        for p in [raylet] + raylet.children(recursive=True):
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-
-    def shutdown(self) -> None:
-        family = []
-        for p in self.procs:
-            try:
-                family += psutil.Process(p.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                pass
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        for p in family + [psutil.Process(pid) for pid in _pids_mentioning(self.temp_dir)]:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
 
 
 def _rows(path: Path) -> list[dict]:
@@ -162,19 +67,10 @@ def _rows(path: Path) -> list[dict]:
         return []
 
 
-def _pids_mentioning(text: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", text], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out if p.isdigit() and int(p) != os.getpid()]
-
-
 @pytest.fixture(scope="module")
 def cluster(world, grammar_model):
-    temp_dir = tempfile.mkdtemp(prefix="mn", dir="/tmp")  # short: Ray's socket paths live under it
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_USAGE_STATS_ENABLED="0",
-               **LOOPBACK_ENV)
-    for key in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
-        env.pop(key, None)
-    c = Cluster(temp_dir, env)
+    base = LocalCluster.create("mn")
+    c = Cluster(base.temp_dir, base.env)
     try:
         c.add("head", 2, {"head_node": 100}, head=True)
         c.add("worker-1", 1, {"rollout_node": 1})

@@ -15,7 +15,9 @@ from services.pipeline.runlog import RunLog, read_rows
 from services.pipeline.serve_apps import ROOT, config_from_args
 from services.pipeline.sft import cpus_per_rank, load_transcripts, sft_batch, turn_samples
 from services.pipeline.ahead import Generated
-from services.pipeline.train import stage_times
+from services.pipeline.train import log_unlogged, stage_times
+from services.learner.ledger import Ledger
+from services.pipeline.chaos_checks import check_log
 
 TINY = "deploy/configs/tiny.yaml"
 
@@ -43,6 +45,25 @@ def test_runlog_resumes_without_duplicates_and_writes_tensorboard(tmp_path):
     assert [(r["step"], r["reward_mean"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 0.9)]
     assert "bad" not in rows[0] and rows[0]["note"] == "x"
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_a_step_the_learner_finished_after_the_driver_stopped_is_logged_from_its_ledger(tmp_path):
+    # found by `mempo chaos`: SIGTERM while the learner ran step 2 -> the driver stopped at step 1, the
+    # learner finished step 2 and checkpointed it, and the resumed run started at 3: metrics.jsonl lacked 2
+    led = Ledger(tmp_path)
+    led.start(0, 1.0, "fresh")
+    for step in (1, 2):
+        led.trained(step, 1.0 + step, {f"u{step}": [1, 2]}, [step - 1], [step - 1], [], 0, True,
+                    {"reward_mean": step / 10})
+    log = RunLog(tmp_path, resume_step=0, tensorboard=False)
+    log.write("train", 1, {"reward_mean": 0.1}, console=False)
+    log = RunLog(tmp_path, resume_step=2, tensorboard=False)  # the resumed run: the learner is at step 2
+    assert check_log(tmp_path, 2) != []
+    assert log_unlogged(log, tmp_path, 2) == 1
+    rows = read_rows(tmp_path / "metrics.jsonl", "train")
+    assert [(r["step"], r["reward_mean"], r.get("recovered_from_ledger")) for r in rows] == [
+        (1, 0.1, None), (2, 0.2, 1.0)]
+    assert check_log(tmp_path, 2) == [] and log_unlogged(log, tmp_path, 2) == 0  # once only
 
 
 def test_stage_times_busy_and_idle():
