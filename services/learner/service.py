@@ -186,27 +186,28 @@ class LearnerService:
         self.version += 1
         if self.step_no % self.cfg.learner.checkpoint_every == 0:
             metrics["checkpoint"] = self._with_group(f"the checkpoint of step {self.step_no}", self.save_now)
-        t1 = time.perf_counter()
-        report = (self.publisher.publish(self._with_group("publication", self.group_state), self.version)
-                  if self.publisher.handles else {})
         n = max(1, len(adv_metrics))
         for key in ("reward_mean", "f1_mean", "format_ok_share", "groups_with_variance"):
             metrics[key] = sum(m[key] for m in adv_metrics) / n
         metrics.update(memory_spread(adv_metrics))
-        metrics.update(version=self.version, step=self.step_no, prepare_s=prep_s, publish_s=time.perf_counter() - t1,
-                       busy_s=time.perf_counter() - t0,
-                       published_replicas=report.get("replicas", 0), samples=len(batch.cu_seqlens) - 1,
+        metrics.update(version=self.version, step=self.step_no, prepare_s=prep_s, samples=len(batch.cu_seqlens) - 1,
                        episodes=sum(len(g.episodes) for t in trajs for g in t.groups),
                        prompt_groups=sum(len(t.groups) for t in trajs),
                        prompt_groups_unique=len({g.prompt.uid for t in trajs for g in t.groups}),
                        stale_score_batches=float(stale_scores), stale_samples_dropped=float(stale_samples), **stages)
-        if "path" in report:  # learner.publish collective/auto: 1 when this step's weights went by the group
-            metrics["publish_collective"] = float(report["path"] == "collective")
-        # the ledger first: a step is on record before the driver hears of it (services/learner/ledger.py)
+        # on record before the weights go out and before the driver hears of the step: a publication that
+        # fails, or a driver stopped meanwhile, leaves the step trained and in the ledger (ledger.py)
         digest = self._with_group("the ledger's digest", self.group_digest)
         self.ledger.trained(self.step_no, digest, trained_prompts(trajs),
                             [x.version for x in samples], [s.policy_version for s in score_batches],
                             dropped_versions, stale_samples, "checkpoint" in metrics, metrics)
+        t1 = time.perf_counter()
+        report = (self.publisher.publish(self._with_group("publication", self.group_state), self.version)
+                  if self.publisher.handles else {})
+        metrics.update(publish_s=time.perf_counter() - t1, busy_s=time.perf_counter() - t0,
+                       published_replicas=report.get("replicas", 0))
+        if "path" in report:  # learner.publish collective/auto: 1 when this step's weights went by the group
+            metrics["publish_collective"] = float(report["path"] == "collective")
         metrics["groups"] = shown  # not a metric: the driver writes it to groups.jsonl
         return metrics
 
