@@ -107,7 +107,10 @@ def join_options(address: str) -> dict[str, Any]:
 # Serve kills an HTTP proxy that is not ready within 5 s of its start (RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S),
 # and ``serve.start`` then fails with the proxy's ActorDiedError: on a loaded 2-core machine a proxy's start
 # takes longer (seen in the fault tests under a one-core CPU hog). A node mempo starts gives it a minute.
-PATIENT_SERVE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+# Its proxies also answer a request whose replica died before answering with 503 + Retry-After, not 500
+# (services/common/proxy_middleware.py; Serve reads the callback from its proxies' environment).
+PATIENT_SERVE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+                     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "services.common.proxy_middleware:proxy_middlewares"}
 
 
 def init_keeping_sigterm(**options: Any) -> None:
@@ -125,7 +128,8 @@ def init_keeping_sigterm(**options: Any) -> None:
 
 def use_loopback_node() -> None:
     """Tell Ray (this process and what it starts) that the node's address is loopback, not routable, and
-    that a slow machine is no reason to kill Serve's HTTP proxy (``PATIENT_SERVE_ENV``, unless set)."""
+    that a slow machine is no reason to kill Serve's HTTP proxy and a lost replica no reason for a 500
+    (``PATIENT_SERVE_ENV``, unless set)."""
     os.environ.update(LOOPBACK_ENV)
     for key, value in PATIENT_SERVE_ENV.items():
         os.environ.setdefault(key, value)
