@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from services.pipeline.report import episode_em  # noqa: E402
 from services.pipeline.stats import paired_bootstrap_diff  # noqa: E402
 
 MEMPO = str(Path(sys.executable).parent / "mempo")
@@ -44,10 +45,7 @@ def run_start(config: str, overrides: list[str], run_dir: Path, seed: int) -> fl
 
 def start_row(run_dir: Path) -> dict:
     """SFT EM per k and RL - SFT per k and pooled (paired per prompt) from a run's episodes.jsonl."""
-    em: dict[str, dict] = {}
-    for line in (run_dir / "episodes.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        em.setdefault(r["policy"], {})[(int(r["k"]), r["uid"])] = r["em"]
+    em = episode_em(run_dir / "episodes.jsonl")
     keys = sorted(em["sft"])
     ks = sorted({k for k, _ in keys})
     row = {"sft": {k: sum(em["sft"][x] for x in keys if x[0] == k) / sum(1 for x in keys if x[0] == k) for k in ks}}

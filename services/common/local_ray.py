@@ -109,7 +109,7 @@ def join_options(address: str) -> dict[str, Any]:
 # takes longer (seen in the fault tests under a one-core CPU hog). A node mempo starts gives it a minute.
 # Its proxies also answer a request whose replica died before answering with 503 + Retry-After, not 500
 # (services/common/proxy_middleware.py; Serve reads the callback from its proxies' environment).
-PATIENT_SERVE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+SERVE_NODE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
                      "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "services.common.proxy_middleware:proxy_middlewares"}
 
 
@@ -129,9 +129,9 @@ def init_keeping_sigterm(**options: Any) -> None:
 def use_loopback_node() -> None:
     """Tell Ray (this process and what it starts) that the node's address is loopback, not routable, and
     that a slow machine is no reason to kill Serve's HTTP proxy and a lost replica no reason for a 500
-    (``PATIENT_SERVE_ENV``, unless set)."""
+    (``SERVE_NODE_ENV``, unless set)."""
     os.environ.update(LOOPBACK_ENV)
-    for key, value in PATIENT_SERVE_ENV.items():
+    for key, value in SERVE_NODE_ENV.items():
         os.environ.setdefault(key, value)
     if "ray._private.ray_constants" in sys.modules:  # read at import: also set it when ray came first
         sys.modules["ray._private.ray_constants"].ENABLE_RAY_CLUSTER = False

@@ -11,7 +11,7 @@ whatever its status, passes through untouched; so does a client that went away.
 
     RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=services.common.proxy_middleware:proxy_middlewares
         in the environment of the nodes that run Serve's proxies: every node mempo starts has it
-        (services/common/local_ray.py PATIENT_SERVE_ENV); on a cluster of yours, set it on its nodes
+        (services/common/local_ray.py SERVE_NODE_ENV); on a cluster of yours, set it on its nodes
 """
 
 from __future__ import annotations

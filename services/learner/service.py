@@ -185,7 +185,7 @@ class LearnerService:
         self.step_no += 1
         self.version += 1
         if self.step_no % self.cfg.learner.checkpoint_every == 0:
-            metrics["checkpoint"] = self._with_group(f"the checkpoint of step {self.step_no}", self.save_now)
+            metrics["checkpoint"] = self._with_group(f"the checkpoint of step {self.step_no}", self._save)
         n = max(1, len(adv_metrics))
         for key in ("reward_mean", "f1_mean", "format_ok_share", "groups_with_variance"):
             metrics[key] = sum(m[key] for m in adv_metrics) / n
@@ -197,13 +197,12 @@ class LearnerService:
                        stale_score_batches=float(stale_scores), stale_samples_dropped=float(stale_samples), **stages)
         # on record before the weights go out and before the driver hears of the step: a publication that
         # fails, or a driver stopped meanwhile, leaves the step trained and in the ledger (ledger.py)
-        digest = self._with_group("the ledger's digest", self.group_digest)
+        digest = self._with_group("the ledger's digest", lambda: self.group.param_digest())
         self.ledger.trained(self.step_no, digest, trained_prompts(trajs),
                             [x.version for x in samples], [s.policy_version for s in score_batches],
                             dropped_versions, stale_samples, "checkpoint" in metrics, metrics)
         t1 = time.perf_counter()
-        report = (self.publisher.publish(self._with_group("publication", self.group_state), self.version)
-                  if self.publisher.handles else {})
+        report = (self.publisher.publish(self._full_state(), self.version) if self.publisher.handles else {})
         metrics.update(publish_s=time.perf_counter() - t1, busy_s=time.perf_counter() - t0,
                        published_replicas=report.get("replicas", 0))
         if "path" in report:  # learner.publish collective/auto: 1 when this step's weights went by the group
@@ -226,7 +225,8 @@ class LearnerService:
         return metrics
 
     def _with_group(self, what: str, call):
-        """``call()`` on the worker group. If a worker of it has died (during the call, or idle since the
+        """``call()`` on the worker group (a callable that reads ``self.group`` when called, so that a retry
+        runs on the rebuilt group). If a worker of it has died (during the call, or idle since the
         last one), the group is rebuilt from the latest complete checkpoint and, when that checkpoint
         holds the current step (for an update: the step before it), ``call`` is made again (automatic).
         Otherwise the steps since that checkpoint are gone: the call fails saying so, and the same
@@ -247,14 +247,12 @@ class LearnerService:
             log.warning("learner group rebuilt at step %d in %.1fs; %s again", resumed, self.last_restart_s, what)
             return call()
 
-    def save_now(self) -> str:
+    def _save(self) -> str:
         return self.group.save_checkpoint(self.cfg.train.run_dir, self.step_no, {"version": self.version})
 
-    def group_state(self) -> dict:
-        return self.group.full_state_dict()  # of the group current when called (a rebuilt one on a retry)
-
-    def group_digest(self) -> float:
-        return self.group.param_digest()
+    def _full_state(self) -> dict:
+        """The policy's full state dict for publication, from a rebuilt group if a worker had died."""
+        return self._with_group("publication", lambda: self.group.full_state_dict())
 
     def _rebuild_group(self) -> int:
         """A fresh worker group at the latest complete checkpoint of the run; returns its step."""
@@ -284,14 +282,14 @@ class LearnerService:
             path = step_dir(self.cfg.train.run_dir, self.step_no)
             if (path / MARKER).is_file():
                 return str(path)
-            return await asyncio.to_thread(self._with_group, f"the checkpoint of step {self.step_no}", self.save_now)
+            return await asyncio.to_thread(self._with_group, f"the checkpoint of step {self.step_no}", self._save)
 
     async def publish(self) -> dict:
         if not self.publisher.handles:
             return {}
         async with self.busy:
             return await asyncio.to_thread(
-                lambda: self.publisher.publish(self._with_group("publication", self.group_state), self.version))
+                lambda: self.publisher.publish(self._full_state(), self.version))
 
     async def export(self, out_dir: str) -> str:
         async with self.busy:

@@ -80,8 +80,9 @@ class TrainRuns:
             seen, since = progress(), time.time()
             while self.proc.poll() is None:
                 time.sleep(1.0)
-                if progress() != seen:
-                    seen, since = progress(), time.time()
+                now = progress()
+                if now != seen:
+                    seen, since = now, time.time()
                 elif time.time() - since > stall_s:
                     self.hangs.append({"start": i, "step": seen, "seconds": time.time() - since})
                     self.kill()
@@ -92,7 +93,8 @@ class TrainRuns:
                                "error": errors[-1] if errors else None})
             if code == 0 and done():
                 return True
-            stalled, last = (stalled + 1, last) if progress() == last else (0, progress())
+            now = progress()
+            stalled, last = (stalled + 1, last) if now == last else (0, now)
             if stalled >= 2:
                 return False
         return False
@@ -118,9 +120,10 @@ def rest_bodies(cfg, limit: int = 64) -> list[dict]:
     return [{"question": p.messages[-1].content, "memory": "", "answer": p.golds[0][0]} for p in prompts]
 
 
-def lineage_step(run_dir: Path) -> tuple[int, float]:
-    """(the last step of the ledger's lineage, when it was trained or the learner started)."""
-    rows = ledger.read(run_dir)
+def lineage_step(run_dir: Path, rows: list[dict] | None = None) -> tuple[int, float]:
+    """(the last step of the ledger's lineage, when it was trained or the learner started); ``rows``:
+    the ledger already read."""
+    rows = ledger.read(run_dir) if rows is None else rows
     kept, _, _ = ledger.lineage(rows)
     if kept:
         last = max(kept)
@@ -129,9 +132,9 @@ def lineage_step(run_dir: Path) -> tuple[int, float]:
     return 0, (starts[-1]["time"] if starts else 0.0)
 
 
-def step_seconds(run_dir: Path, default: float = 5.0) -> float:
-    """The median seconds between consecutive trained steps so far (``default`` before two)."""
-    times = [r["time"] for r in ledger.read(run_dir) if r["event"] == "trained"]
+def step_seconds(rows: list[dict], default: float = 5.0) -> float:
+    """The median seconds between consecutive trained lines of the ledger (``default`` before two)."""
+    times = [r["time"] for r in rows if r["event"] == "trained"]
     gaps = sorted(b - a for a, b in zip(times, times[1:]) if b > a)
     return gaps[len(gaps) // 2] if gaps else default
 
@@ -144,8 +147,9 @@ def inject_plan(plan: list[Fault], injector: Injector, run_dir: Path, seed: int,
     rng = random.Random(f"chaos-targets/{seed}")
     for fault in plan:
         while not stop.is_set():
-            step, since = lineage_step(run_dir)
-            if step >= fault.step - 1 and since and time.time() >= since + fault.at * step_seconds(run_dir):
+            rows = ledger.read(run_dir)  # once a look: the step reached and the step's seconds both from it
+            step, since = lineage_step(run_dir, rows)
+            if step >= fault.step - 1 and since and time.time() >= since + fault.at * step_seconds(rows):
                 break
             stop.wait(0.05)
         if stop.is_set():
@@ -183,12 +187,10 @@ def delete_apps(prefix: str) -> None:
 def em_outcome(episodes: Path) -> dict:
     """The faulted run's held-out EM against the unfaulted one's, paired per prompt (``mempo eval``'s
     episodes.jsonl), with the unfaulted EM's own 95% CI."""
+    from services.pipeline.report import episode_em  # matplotlib
     from services.pipeline.stats import bootstrap_ci, paired_bootstrap_diff  # numpy
 
-    em: dict[str, dict] = {}
-    for line in episodes.read_text().splitlines():
-        r = json.loads(line)
-        em.setdefault(r["policy"], {})[(r["k"], r["uid"])] = r["em"]
+    em = episode_em(episodes)
     keys = sorted(em["unfaulted"])
     before, after = [em["unfaulted"][k] for k in keys], [em["faulted"][k] for k in keys]
     lo, hi = bootstrap_ci(before)

@@ -239,6 +239,16 @@ def write_samples(run_dir: str | Path, runs: dict) -> Path:
     return path
 
 
+def episode_em(path: str | Path) -> dict[str, dict[tuple[int, str], float]]:
+    """Policy -> {(k, prompt uid): EM} from the episodes.jsonl ``write_report`` writes (paired comparisons
+    made later: ``mempo chaos``, bench/starts.py)."""
+    out: dict[str, dict] = {}
+    for line in Path(path).read_text().splitlines():
+        r = json.loads(line)
+        out.setdefault(r["policy"], {})[(int(r["k"]), r["uid"])] = r["em"]
+    return out
+
+
 def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes: str = "", runs: dict | None = None,
                  controls: dict[str, dict[int, dict]] | None = None,
                  pairs: list[list[tuple[str, str]]] | None = None) -> dict[str, Path]:
