@@ -25,6 +25,19 @@ def test_committed_serve_config_and_kuberay_manifest_match_their_recipes(capsys)
     assert "fits deploy/kuberay/rayservice.yaml's 5 pod(s) at maxReplicas" in out
 
 
+def test_every_kuberay_pod_loads_the_proxy_middleware_mempo_sets_on_its_own_nodes():
+    # a REST request whose replica dies answers 503 + Retry-After on Kubernetes as on the nodes mempo starts
+    from services.common.local_ray import SERVE_NODE_ENV
+
+    spec = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayservice.yaml").read_text())["spec"]["rayClusterConfig"]
+    groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    key = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+    for group in groups:
+        for container in group["template"]["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert env.get(key) == SERVE_NODE_ENV[key], (container["name"], env)
+
+
 def test_gpu_recipe_plan_prints_every_service_and_the_totals(capsys):
     # ray.address emptied: the recipe's "auto" would check whatever cluster this machine runs (the test
     # session's own); tests/pipeline/test_multinode.py checks a live cluster
