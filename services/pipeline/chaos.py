@@ -32,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from services.common.config import load_config
 from services.common.data import load_prompts
 from services.common.local_cluster import LocalCluster
@@ -66,12 +68,18 @@ class TrainRuns:
         self.hangs: list[dict] = []  # a driver killed after stall_s without a step
         self.lock = threading.Lock()
 
-    def run(self, done, progress, stall_s: float = 900.0) -> bool:
+    def run(self, done, progress, total: int, stall_s: float = 900.0) -> bool:
         """Start the command until ``done()`` after an exit; False if the starts ran out, two starts in a
         row ended without ``progress()`` (the step reached) moving (a failure that is not a fault's), or a
-        driver went ``stall_s`` seconds without a step (it is killed: a hang, recorded in ``hangs``)."""
+        driver went ``stall_s`` seconds without a step (it is killed: a hang, recorded in ``hangs``).
+        A progress bar follows ``progress()`` up to ``total`` steps."""
+        with tqdm(total=total, initial=progress(), desc=f"chaos {self.name}", unit="step", dynamic_ncols=True) as bar:
+            return self._run(done, progress, stall_s, bar)
+
+    def _run(self, done, progress, stall_s: float, bar: tqdm) -> bool:
         stalled, last = 0, progress()
         for i in range(self.max_starts):
+            bar.set_postfix_str(f"driver start {i + 1}")
             log = self.log_dir / f"{self.name}-{i}.log"
             t0 = time.time()
             with open(log, "w") as out, self.lock:
@@ -83,11 +91,15 @@ class TrainRuns:
                 now = progress()
                 if now != seen:
                     seen, since = now, time.time()
+                    bar.n = now  # a rollback after a restart moves it back
+                    bar.refresh()
                 elif time.time() - since > stall_s:
                     self.hangs.append({"start": i, "step": seen, "seconds": time.time() - since})
                     self.kill()
                     return False
             code = self.proc.returncode
+            bar.n = progress()
+            bar.refresh()
             errors = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error: ")]
             self.exits.append({"start": i, "code": code, "seconds": time.time() - t0,
                                "error": errors[-1] if errors else None})
@@ -162,7 +174,7 @@ def inject_plan(plan: list[Fault], injector: Injector, run_dir: Path, seed: int,
             record = {"step": fault.step, "kind": fault.kind, "at": time.time(), "landed_step": landed,
                       "missed": f"{type(e).__name__}: {e}"}
         records.append(record)
-        print(f"[chaos] step {landed}: {record['kind']} -> {record.get('target', record.get('missed'))}", flush=True)
+        tqdm.write(f"[chaos] step {landed}: {record['kind']} -> {record.get('target', record.get('missed'))}")
 
 
 def use_cluster_auth(cluster: LocalCluster) -> None:
@@ -241,7 +253,7 @@ def run_chaos(config: str | None, overrides: list[str], plan: list[Fault], steps
             drivers.append(base)
             t0 = time.time()
             if not base.run(lambda: lineage_step(out_dir / "unfaulted")[0] >= steps,
-                            lambda: lineage_step(out_dir / "unfaulted")[0]):
+                            lambda: lineage_step(out_dir / "unfaulted")[0], steps):
                 raise RuntimeError(f"the unfaulted run failed: {base.exits}; see {out_dir}/unfaulted-*.log")
             result["unfaulted_s"] = time.time() - t0
             delete_apps("base-")
@@ -257,7 +269,7 @@ def run_chaos(config: str | None, overrides: list[str], plan: list[Fault], steps
         faults.start()
         t0 = time.time()
         finished = runs.run(lambda: lineage_step(out_dir / "faulted")[0] >= steps,
-                            lambda: lineage_step(out_dir / "faulted")[0])
+                            lambda: lineage_step(out_dir / "faulted")[0], steps)
         result["faulted_s"] = time.time() - t0
         stop.set()
         faults.join(timeout=300)

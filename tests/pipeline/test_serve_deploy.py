@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import yaml
 
@@ -30,17 +31,33 @@ BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
 
 
 def _kill_cluster(temp_dir: str, head: subprocess.Popen) -> None:
+    """SIGTERM the head's session, then, after 5 s (`ray start --block` with Serve apps took the whole 30 s
+    grace it was once given), SIGKILL whatever is left of it: its process tree and anything naming its temp dir."""
+    try:
+        family = psutil.Process(head.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
     try:
         os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=30)
+        head.wait(timeout=5)
     except Exception:
         pass
-    out = subprocess.run(["pgrep", "-f", temp_dir], capture_output=True, text=True).stdout.split()
-    for pid in out:
+    named = subprocess.run(["pgrep", "-f", temp_dir], capture_output=True, text=True).stdout.split()
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for pid in named:
         try:
             os.kill(int(pid), signal.SIGKILL)
         except (ProcessLookupError, ValueError):
             pass
+    try:
+        os.killpg(head.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    head.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
