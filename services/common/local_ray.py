@@ -110,7 +110,7 @@ def join_options(address: str) -> dict[str, Any]:
 # Its proxies also answer a request whose replica died before answering with 503 + Retry-After, not 500
 # (services/common/proxy_middleware.py; Serve reads the callback from its proxies' environment).
 SERVE_NODE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
-                     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "services.common.proxy_middleware:proxy_middlewares"}
+                  "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "services.common.proxy_middleware:proxy_middlewares"}
 
 
 def init_keeping_sigterm(**options: Any) -> None:

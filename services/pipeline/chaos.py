@@ -73,11 +73,12 @@ class TrainRuns:
         row ended without ``progress()`` (the step reached) moving (a failure that is not a fault's), or a
         driver went ``stall_s`` seconds without a step (it is killed: a hang, recorded in ``hangs``).
         A progress bar follows ``progress()`` up to ``total`` steps."""
-        with tqdm(total=total, initial=progress(), desc=f"chaos {self.name}", unit="step", dynamic_ncols=True) as bar:
-            return self._run(done, progress, stall_s, bar)
+        last = progress()
+        with tqdm(total=total, initial=last, desc=f"chaos {self.name}", unit="step", dynamic_ncols=True) as bar:
+            return self._run(done, progress, stall_s, bar, last)
 
-    def _run(self, done, progress, stall_s: float, bar: tqdm) -> bool:
-        stalled, last = 0, progress()
+    def _run(self, done, progress, stall_s: float, bar: tqdm, last: int) -> bool:
+        stalled = 0
         for i in range(self.max_starts):
             bar.set_postfix_str(f"driver start {i + 1}")
             log = self.log_dir / f"{self.name}-{i}.log"
@@ -98,14 +99,14 @@ class TrainRuns:
                     self.kill()
                     return False
             code = self.proc.returncode
-            bar.n = progress()
+            now = progress()
+            bar.n = now
             bar.refresh()
             errors = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error: ")]
             self.exits.append({"start": i, "code": code, "seconds": time.time() - t0,
                                "error": errors[-1] if errors else None})
             if code == 0 and done():
                 return True
-            now = progress()
             stalled, last = (stalled + 1, last) if now == last else (0, now)
             if stalled >= 2:
                 return False
