@@ -256,29 +256,46 @@ class LocalCluster:
         return found
 
     def shutdown(self) -> None:
-        """Stop every node (SIGTERM to its process group, then SIGKILL to whatever is left of its family
-        or still mentions the temp dir)."""
-        family = []
-        for p in self.procs:
-            try:
-                family += psutil.Process(p.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                pass
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        for p in family + [psutil.Process(pid) for pid in self.leftovers() if psutil.pid_exists(pid)]:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        """Stop every node: SIGTERM to its process group, 30 s for all of them to exit, then SIGKILL to
+        whatever is left of their families or still belongs to this cluster (``leftovers``)."""
+        stop_process_groups(self.procs, 30.0, self.leftovers)
 
+
+def stop_process_groups(procs: list[subprocess.Popen], grace_s: float, leftovers=lambda: ()) -> None:
+    """Stop processes started in their own sessions (``start_new_session=True``) and all they started:
+    SIGTERM to each one's process group, up to ``grace_s`` seconds in all for them to exit, then SIGKILL to
+    their process trees as they stood before the SIGTERM (children that left the group, e.g. a vLLM engine
+    core), to the pids ``leftovers()`` names then, and to each group; the Popens are reaped."""
+    family = []
+    for p in procs:
+        try:
+            family += psutil.Process(p.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for pid in [q.pid for q in family] + [int(pid) for pid in leftovers()]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
 
 if __name__ == "__main__":
     sys.exit(main())

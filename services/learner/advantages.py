@@ -19,6 +19,9 @@ per (pool, q), and alpha * A_mem[q] lands on the tokens of the memory's ``Q<q>:`
 scorer's ``question_spans``; on the whole block when the memory has no section for q). Tokens outside
 every section (the tags) get no memory advantage; ``a_mem`` of the block logs the mean of its A_mem[q].
 
+``algorithm.shuffled_rewards`` (a null control) permutes each group's R_out and each pool's R_mem among
+their members before the normalisation: the same advantage values, landed on the wrong episodes.
+
 std is the unbiased sample std (as torch.std in verl). A group or pool whose values are all equal,
 or that holds a single value, gets advantage 0, never NaN.
 
@@ -28,6 +31,7 @@ or that holds a single value, gets advantage 0, never NaN.
 
 from __future__ import annotations
 
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
@@ -116,31 +120,34 @@ def mem_credit(r_mem: float, credit: str) -> float:
     raise MEM_CREDITS.unknown(credit)
 
 
-def _pooled(pools: dict, cfg: AlgorithmConfig, spreads: list[float]):
+def _pooled(pools: dict, cfg: AlgorithmConfig, spreads: list[float], rng=None):
     """(member, A_mem) for every member of every pool of (member, R_mem) pairs: R_mem credited by
-    ``algorithm.mem_credit``, normalised within its pool; each pool's spread goes to ``spreads``."""
+    ``algorithm.mem_credit``, normalised within its pool; each pool's spread goes to ``spreads``. With
+    ``rng`` (the null control) the credited values are permuted within each pool first."""
     for pool in pools.values():
         r_mem = [mem_credit(r, cfg.mem_credit) for _, r in pool]
+        if rng is not None:
+            r_mem = [float(x) for x in rng.permutation(r_mem)]
         if len(pool) >= 2:
             spreads.append(spread(r_mem))
         for (member, _), a in zip(pool, normalize(r_mem, cfg.mem_eps, cfg.mem_std_floor)):
             yield member, float(a)
 
 
-def _block_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: list[float]) -> dict:
+def _block_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: list[float], rng=None) -> dict:
     """(episode, turn) -> [(mem_start, mem_end, A_mem)] of every scored block of one group: the block's
     R_mem pooled by ``pool_key``, credited on the whole block."""
     pools: dict[object, list] = defaultdict(list)
     for s in group_scores:
         pools[pool_key(group.episodes[s.episode], s.turn, cfg.mem_pooling)].append((s, s.r_mem))
     out = {}
-    for s, a in _pooled(pools, cfg, spreads):
+    for s, a in _pooled(pools, cfg, spreads, rng):
         turn = group.episodes[s.episode].turns[s.turn]
         out[(s.episode, s.turn)] = [(turn.mem_start, turn.mem_end, a)]
     return out
 
 
-def _question_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: list[float]) -> dict:
+def _question_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: list[float], rng=None) -> dict:
     """(episode, turn) -> [(start, end, A_mem[q])] of every scored block of one group: each question's
     R_mem pooled by (``pool_key``, q), credited on the token range of that question's section."""
     pools: dict[object, list] = defaultdict(list)
@@ -153,13 +160,19 @@ def _question_credits(group_scores: list, group, cfg: AlgorithmConfig, spreads: 
             if np.isfinite(r):
                 pools[(key, q)].append(((s, q), float(r)))
     out: dict = defaultdict(list)
-    for (s, q), a in _pooled(pools, cfg, spreads):
+    for (s, q), a in _pooled(pools, cfg, spreads, rng):
         turn = group.episodes[s.episode].turns[s.turn]
         start, end = (int(x) for x in s.question_spans[q]) if q < len(s.question_spans) else (-1, -1)
         if start >= 0:  # never outside the block, whatever the scorer sent
             start, end = max(start, turn.mem_start), min(end, turn.mem_end)
         out[(s.episode, s.turn)].append((start, end, a) if 0 <= start < end else (turn.mem_start, turn.mem_end, a))
     return out
+
+
+def control_rng(step: int, group: int, uid: str) -> np.random.Generator:
+    """The null control's permutations (``algorithm.shuffled_rewards``): fixed by the step, the group and its
+    prompt, so a rerun shuffles alike."""
+    return np.random.default_rng([int(step), int(group), zlib.crc32(str(uid).encode())])
 
 
 # algorithm.mem_credit_scope -> the credit rule: one entry per MEM_CREDIT_SCOPES choice (a test checks)
@@ -177,11 +190,13 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
             by_group[s.group].append(s)
     for g, group in enumerate(batch.groups):
         rs = [outcome_reward(ep, group.prompt.golds, cfg.answer_separator) for ep in group.episodes]
-        a_out = normalize([r for r, _ in rs], cfg.grpo_eps)
+        rng = control_rng(batch.step, g, group.prompt.uid) if cfg.shuffled_rewards else None
+        values = [r for r, _ in rs] if rng is None else [float(x) for x in rng.permutation([r for r, _ in rs])]
+        a_out = normalize(values, cfg.grpo_eps)
         varied += len({r for r, _ in rs}) > 1
         for e, ((r, f1), a) in enumerate(zip(rs, a_out)):
             out.rewards[(g, e)], out.f1[(g, e)], out.a_out[(g, e)] = r, f1, float(a)
-        credits = credit_rule(by_group.get(g, []), group, cfg, mem_spreads)  # (e, t) -> [(start, end, A_mem)]
+        credits = credit_rule(by_group.get(g, []), group, cfg, mem_spreads, rng)  # (e, t) -> [(start, end, A_mem)]
         for (e, t), c in credits.items():
             out.a_mem[(g, e, t)] = float(np.mean([a for _, _, a in c]))  # per question: the mean, for the log
         for e, ep in enumerate(group.episodes):

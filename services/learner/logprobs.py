@@ -40,23 +40,29 @@ def install(model) -> None:
 
 
 def token_logprobs(model, mb, with_entropy: bool = False, chunk_tokens: int = 1024,
-                   rows: torch.Tensor | None = None):
+                   rows: torch.Tensor | None = None, temperature: float = 1.0):
     """[B, T] log p(input_ids[:, t] | input_ids[:, :t]) at the target positions ``rows`` ([B, T] bool on
     target positions, default: ``mb.loss_mask > 0``), 0 elsewhere (column 0 always: nothing predicts
     it). With ``with_entropy`` also [B, T] entropies of the distribution predicting token t at those
-    positions (a metric, no gradient), else None."""
+    positions (a metric, no gradient), else None. ``temperature`` divides the logits first (the
+    distribution a rollout sampled at that temperature; learner.tempered_logprobs)."""
+    if not temperature > 0:
+        raise ValueError(f"log-probs need a temperature above 0, got {temperature}")
     device = next(model.parameters()).device
     rows = (mb.loss_mask > 0) if rows is None else rows.bool()
     fn = getattr(model, METHOD, None) or types.MethodType(_chunked, model)
     lp, ent = fn(mb.input_ids.to(device), mb.attention_mask.to(device), rows[:, 1:].to(device),
-                 int(chunk_tokens), bool(with_entropy))
+                 int(chunk_tokens), bool(with_entropy), float(temperature))
     lp = torch.nn.functional.pad(lp, (1, 0))
     return lp, (torch.nn.functional.pad(ent, (1, 0)) if with_entropy else None)
 
 
-def _head(head, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-    """One chunk: (log-probs of ``targets`` in fp32 [n], entropies [n] or an empty tensor)."""
+def _head(head, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool, temperature: float = 1.0):
+    """One chunk: (log-probs of ``targets`` in fp32 [n], entropies [n] or an empty tensor), of the logits
+    divided by ``temperature``."""
     logits = head(hidden)
+    if temperature != 1.0:
+        logits = logits.float() / temperature
     lp = target_logprobs(logits, targets)
     if not with_entropy:
         return lp, lp.new_zeros(0)
@@ -64,7 +70,7 @@ def _head(head, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool)
         return lp, entropy_from_logits(logits.detach())
 
 
-def _chunked(model, input_ids, attention_mask, rows, chunk_tokens: int, with_entropy: bool):
+def _chunked(model, input_ids, attention_mask, rows, chunk_tokens: int, with_entropy: bool, temperature: float = 1.0):
     """The body once, the head in chunks of ``chunk_tokens`` positions: ([B, T-1] log-probs, [B, T-1]
     entropies or None), over target positions (``rows`` [B, T-1] bool)."""
     if getattr(model.config, "final_logit_softcapping", None) or getattr(model.config, "logit_scale", None):
@@ -83,7 +89,7 @@ def _chunked(model, input_ids, attention_mask, rows, chunk_tokens: int, with_ent
     grad = torch.is_grad_enabled() and h.requires_grad
     lps, ents = [], []
     for s in range(0, h.shape[0], chunk_tokens):
-        args = (head, h[s:s + chunk_tokens], targets[s:s + chunk_tokens], with_entropy)
+        args = (head, h[s:s + chunk_tokens], targets[s:s + chunk_tokens], with_entropy, temperature)
         lp, ent = checkpoint(_head, *args, use_reentrant=False) if grad else _head(*args)
         lps.append(lp)
         ents.append(ent)

@@ -17,6 +17,16 @@ READS = None
 
 
 class AlgorithmConfig(Section):
+    shuffled_rewards: bool = Field(
+        False,
+        description=(
+            "A null control for experiments, never for training a policy: each group's outcome rewards, and "
+            "each memory pool's rewards, are permuted among their members (seeded by the step, the group and its "
+            "prompt) before normalisation, so an update keeps the real one's size, token structure and advantage "
+            "values but carries no signal about which episode or memory did better. Logged rewards stay the "
+            "real ones."
+        ),
+    )
     grpo_eps: float = Field(
         1e-6, gt=0,
         description="A_out = (R - mean) / (std + grpo_eps).",
@@ -125,6 +135,18 @@ class LearnerConfig(Section):
     is_cap: float = Field(
         2.0, ge=1.0,
         description="Truncation of the behaviour importance weight (verl's rollout_is_threshold).",
+    )
+    tempered_logprobs: bool = Field(
+        True,
+        description=(
+            "Divide the policy's (and the reference's) logits by rollout.temperature before the log-probs, entropy "
+            "and KL of a training step, as verl's actor does: the gradient is then that of the distribution the "
+            "tokens were sampled from, and the rollout asks vLLM for the same tempered log-probs "
+            "(logprobs_mode=processed_logprobs; with rollout.top_p < 1 vLLM's are over the nucleus, the learner's "
+            "over the whole vocabulary, as verl's). False: log-probs at temperature 1 whatever rollout.temperature "
+            "sampled at (this learner before 2026-12-06; `make run`'s gain at three starts is the same either way, "
+            "docs/experiments.md exp36). SFT and the scorer are unaffected."
+        ),
     )
     kl_type: Literal["low_var_kl", "k1", "k2"] = Field(
         "low_var_kl",

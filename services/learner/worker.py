@@ -139,14 +139,15 @@ class LearnerWorker:
         tokens, rows = global_counts(batch)
         micro = self._micro(batch)
         chunk = lc.logit_chunk_tokens
+        temp = self.cfg.rollout.temperature if lc.tempered_logprobs and self.cfg.rollout.temperature > 0 else 1.0
         with torch.no_grad():  # reference log-probs for the KL term
-            ref = None if self.ref is None else [token_logprobs(self.ref, mb, chunk_tokens=chunk)[0].cpu()
-                                                 for mb in micro]
+            ref = None if self.ref is None else [token_logprobs(self.ref, mb, chunk_tokens=chunk, temperature=temp)[0]
+                                                 .cpu() for mb in micro]
         sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "abs_diff": 0.0, "max_abs_diff": 0.0, "tokens": 0.0,
                 "clip": 0.0, "dual_clip": 0.0, "lag": 0.0, "lag_max": 0.0, "is_tokens": 0.0, "is_weight": 0.0,
                 "is_weight_max": 0.0, "is_truncated": 0.0}
         for i, mb in enumerate(micro):
-            lp, ent = token_logprobs(self.model, mb, with_entropy=True, chunk_tokens=chunk)
+            lp, ent = token_logprobs(self.model, mb, with_entropy=True, chunk_tokens=chunk, temperature=temp)
             lp = lp.cpu() if lp.device.type != "cpu" else lp
             # One optimizer step per batch: the pre-update policy is the current one, so its log-probs
             # are this forward's, detached (the same numbers a separate no-grad pass would give).

@@ -105,6 +105,8 @@ class PolicyEngine:
             # request is split by chunked prefill: it rewinds the request's generator, which CPU
             # generators cannot do. Whole prompts per step avoid the split.
             extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(e.max_model_len, 8192)}
+        if self.cfg.learner.tempered_logprobs:  # log-probs of the distribution sampled from, as the learner's
+            extra["logprobs_mode"] = "processed_logprobs"
         args = AsyncEngineArgs(model=str(self.model_dir), dtype=dtype, max_model_len=e.max_model_len,
                                gpu_memory_utilization=e.gpu_memory_utilization, enforce_eager=e.enforce_eager,
                                seed=e.seed, max_num_seqs=e.max_num_seqs, disable_log_stats=True,

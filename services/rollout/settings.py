@@ -14,8 +14,9 @@ from pydantic import AfterValidator, Field
 from services.common.config_fields import CustomResources, PositiveInt, Section
 
 # Besides its own section: the policy and engine it runs, the search section (the client's topk,
-# timeouts and passage format), the world (a path still named 'world'), ray (call timeouts).
-READS = ("model", "engine", "search", "world", "ray")
+# timeouts and passage format), the world (a path still named 'world'), ray (call timeouts), and whether the
+# learner tempers its log-probs (the engine then returns tempered ones too).
+READS = ("model", "engine", "search", "world", "ray", "learner.tempered_logprobs")
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a search agent. Answer the user's question(s) by searching a knowledge base. "

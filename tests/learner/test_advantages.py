@@ -266,3 +266,33 @@ def test_question_scope_keeps_a_sections_credit_inside_its_block():
     a = normalize([0.1, 0.3], 1e-6)
     np.testing.assert_allclose(adv.token_advantages[(0, 0, 1)] - adv.a_out[(0, 0)], [0, 0, a[0], a[0]] + [0] * 6, atol=1e-5)
     np.testing.assert_allclose(adv.token_advantages[(0, 1, 1)] - adv.a_out[(0, 1)], [a[1]] * 4 + [0] * 6, atol=1e-5)
+
+
+def test_shuffled_rewards_land_the_same_advantages_on_other_episodes():
+    """algorithm.shuffled_rewards (a null control): per group the outcome advantages and per pool the memory
+    advantages are the real ones' values, permuted among the members, the same way on every call; the logged
+    rewards stay the real ones."""
+    golds = (("Kroumia",),)
+    answers = ["Kroumia", "Lagav", "Lagav", None, "Kroumia", "x", "y", "z"]
+    batch = TrajectoryBatch(groups=[_group(answers, golds) for _ in range(6)], policy_version=0, step=3)
+    r_mem = [(e, t, 0.1 * e - 0.05 * t) for e in range(8) for t in (1, 2)]
+    scores = _scores(r_mem)
+    for g in range(1, 6):  # the same blocks in every group
+        for s in _scores(r_mem).scores:
+            s.group = g
+            scores.scores.append(s)
+    real = compute_advantages(batch, scores, AlgorithmConfig())
+    cfg = AlgorithmConfig(shuffled_rewards=True)
+    shuffled, again = compute_advantages(batch, scores, cfg), compute_advantages(batch, scores, cfg)
+    assert shuffled.rewards == real.rewards and shuffled.metrics["reward_mean"] == real.metrics["reward_mean"]
+    assert shuffled.a_out == again.a_out and shuffled.a_mem == again.a_mem
+    moved = 0
+    for g in range(6):
+        out_real = [real.a_out[(g, e)] for e in range(8)]
+        out_shuf = [shuffled.a_out[(g, e)] for e in range(8)]
+        assert sorted(out_shuf) == pytest.approx(sorted(out_real))
+        mem_real = [real.a_mem[(g, e, t)] for e in range(8) for t in (1, 2)]
+        mem_shuf = [shuffled.a_mem[(g, e, t)] for e in range(8) for t in (1, 2)]
+        assert sorted(mem_shuf) == pytest.approx(sorted(mem_real))
+        moved += out_shuf != pytest.approx(out_real) and mem_shuf != pytest.approx(mem_real)
+    assert moved >= 5  # six groups: a permutation that leaves one in place is possible, not five

@@ -75,6 +75,32 @@ def test_chosen_rows_and_no_grad_mode():
     torch.testing.assert_close(lp, lp_ref * rows, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_tempered_logprobs_are_those_of_the_logits_over_the_temperature(temperature):
+    """learner.tempered_logprobs: log-probs, entropies and gradients of softmax(logits / T), the distribution
+    a rollout sampled at temperature T (verl's actor); T = 1 is the untempered computation."""
+    mb = micro(300, seed=2)
+    ref_model, model = tiny(300), tiny(300)
+    logits = ref_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float() / temperature
+    lp_ref = torch.nn.functional.pad(target_logprobs(logits, mb.input_ids[:, 1:]), (1, 0))
+    ent_ref = torch.nn.functional.pad(entropy_from_logits(logits.detach()), (1, 0))
+    (lp_ref * mb.loss_mask).sum().backward()
+    lp, ent = token_logprobs(model, mb, with_entropy=True, chunk_tokens=7, temperature=temperature)
+    (lp * mb.loss_mask).sum().backward()
+    torch.testing.assert_close(lp, lp_ref * mb.loss_mask, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent, ent_ref * mb.loss_mask, rtol=0, atol=1e-5)
+    g_ref, g = grads(ref_model), grads(model)
+    for n in g_ref:
+        torch.testing.assert_close(g[n], g_ref[n], rtol=0, atol=1e-5, msg=n)
+    with torch.no_grad():
+        untempered, _ = token_logprobs(model, mb)
+        assert not torch.allclose(untempered, lp.detach(), atol=1e-3)
+        torch.testing.assert_close(token_logprobs(model, mb, temperature=1.0)[0], untempered, rtol=0, atol=0)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="temperature above 0"):
+            token_logprobs(model, mb, temperature=bad)
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_a_filler_micro_batch_still_reaches_every_parameter(tied):
     """A rank's filler micro-batch has no loss tokens (services/learner/samples.py): its log-probs are 0

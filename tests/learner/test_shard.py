@@ -77,3 +77,25 @@ def test_activation_checkpointing_gives_the_same_step(setup, world):
     assert m1["grad_norm"] == pytest.approx(m0["grad_norm"], rel=1e-5)
     for k in sd0:  # lr 1e-3 Adam: the same last-bit tolerance as W=2 against W=1 (tests/learner/test_fsdp.py)
         torch.testing.assert_close(sd1[k], sd0[k], rtol=1e-5, atol=1e-5)
+
+
+def test_tempered_logprobs_follow_the_rollout_temperature(setup, world):
+    """learner.tempered_logprobs: a step's log-probs and entropy are those of logits / rollout.temperature (a
+    sharper distribution at 0.5: lower entropy, another gradient; the on-policy loss itself is -mean(A) at any
+    temperature, the ratio being 1); greedy rollouts (temperature 0) or the option
+    off leave the untempered step."""
+    cfg, tb = setup
+    out = {}
+    for tempered, temperature in ((False, 0.5), (True, 0.5), (True, 0.0)):
+        c = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"temperature": temperature})})
+        w = worker(world, c, tempered_logprobs=tempered)
+        try:
+            out[tempered, temperature] = w.train_step(encode(tb))
+        finally:
+            w.shutdown()
+    plain, sharp, greedy = out[False, 0.5], out[True, 0.5], out[True, 0.0]
+    assert sharp["tokens"] == plain["tokens"] > 0
+    assert sharp["entropy"] < 0.9 * plain["entropy"], (sharp["entropy"], plain["entropy"])
+    assert sharp["grad_norm"] != pytest.approx(plain["grad_norm"], rel=1e-3)
+    assert greedy["entropy"] == pytest.approx(plain["entropy"], rel=1e-6)
+    assert greedy["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-6)

@@ -10,17 +10,16 @@ port and the run directory changed.
 
 import os
 import secrets
-import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 import yaml
 
+from services.common.local_cluster import stop_process_groups
 from services.common.local_ray import free_ports
 from services.common.local_ray import LOOPBACK, LOOPBACK_ENV
 from tests.pipeline.sockets import exposed, listening
@@ -33,31 +32,8 @@ BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
 def _kill_cluster(temp_dir: str, head: subprocess.Popen) -> None:
     """SIGTERM the head's session, then, after 5 s (`ray start --block` with Serve apps took the whole 30 s
     grace it was once given), SIGKILL whatever is left of it: its process tree and anything naming its temp dir."""
-    try:
-        family = psutil.Process(head.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    try:
-        os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=5)
-    except Exception:
-        pass
-    named = subprocess.run(["pgrep", "-f", temp_dir], capture_output=True, text=True).stdout.split()
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    for pid in named:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-    try:
-        os.killpg(head.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    head.wait(timeout=30)
+    stop_process_groups([head], 5.0, lambda: subprocess.run(["pgrep", "-f", temp_dir], capture_output=True,
+                                                             text=True).stdout.split())
 
 
 @pytest.fixture(scope="module")

@@ -165,6 +165,30 @@ def test_loaded_weights_match_transformers_including_the_tied_head(rollout, sft_
         handle.update_weights.remote(encode(WeightUpdate(version=version + 2, tensors=original)), version + 2).result()
 
 
+def test_sampled_logprobs_are_those_the_learner_computes(rollout, sft_model):
+    """The log-probs a sampled turn records (the behaviour policy of the learner's importance weight and
+    mismatch check) are log softmax(logits / T) at T = rollout.temperature with learner.tempered_logprobs
+    (vLLM's processed log-probs), of the raw logits without it: the learner's own numbers either way."""
+    from transformers import AutoModelForCausalLM
+
+    handle, cfg = rollout
+    version = handle.info.remote().result()["version"]  # the grammar model's weights, whatever was published
+    handle.update_weights.remote(encode(WeightUpdate(version=version + 1, tensors=load_file(
+        str(sft_model / "model.safetensors")))), version + 1).result()
+    temperature = 0.7
+    ids = [1, 5, 9, 14, 22, 40]
+    out = handle.generate.remote(ids, 12, temperature, 11).result()
+    model = AutoModelForCausalLM.from_pretrained(sft_model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + out["token_ids"]])).logits[0, len(ids) - 1 : -1]
+    scale = temperature if cfg.learner.tempered_logprobs else 1.0
+    target = torch.tensor(out["token_ids"])[:, None]
+    ref = torch.log_softmax(logits / scale, -1).gather(-1, target)[:, 0].numpy()
+    other = torch.log_softmax(logits / (1.0 if scale != 1.0 else temperature), -1).gather(-1, target)[:, 0].numpy()
+    np.testing.assert_allclose(out["logprobs"], ref, atol=1e-4)
+    assert np.abs(np.asarray(out["logprobs"]) - other).max() > 1e-3  # the test tells the two apart
+
+
 def test_many_long_seeded_prompts_at_once_keep_the_engine_alive(rollout):
     """Regression: on CPU, vLLM split long prompts of seeded requests by chunked prefill and then
     died rewinding their generators ("CPU Generator does not use offset"). The engine now
