@@ -125,9 +125,7 @@ def _pooled(pools: dict, cfg: AlgorithmConfig, spreads: list[float], rng=None):
     ``algorithm.mem_credit``, normalised within its pool; each pool's spread goes to ``spreads``. With
     ``rng`` (the null control) the credited values are permuted within each pool first."""
     for pool in pools.values():
-        r_mem = [mem_credit(r, cfg.mem_credit) for _, r in pool]
-        if rng is not None:
-            r_mem = [float(x) for x in rng.permutation(r_mem)]
+        r_mem = permuted([mem_credit(r, cfg.mem_credit) for _, r in pool], rng)
         if len(pool) >= 2:
             spreads.append(spread(r_mem))
         for (member, _), a in zip(pool, normalize(r_mem, cfg.mem_eps, cfg.mem_std_floor)):
@@ -175,6 +173,11 @@ def control_rng(step: int, group: int, uid: str) -> np.random.Generator:
     return np.random.default_rng([int(step), int(group), zlib.crc32(str(uid).encode())])
 
 
+def permuted(values: list[float], rng: Optional[np.random.Generator]) -> list[float]:
+    """``values`` as they are, or (the null control) in ``rng``'s order."""
+    return list(values) if rng is None else [float(x) for x in rng.permutation(values)]
+
+
 # algorithm.mem_credit_scope -> the credit rule: one entry per MEM_CREDIT_SCOPES choice (a test checks)
 CREDIT_SCOPES = {"block": _block_credits, "question": _question_credits}
 
@@ -191,9 +194,9 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
     for g, group in enumerate(batch.groups):
         rs = [outcome_reward(ep, group.prompt.golds, cfg.answer_separator) for ep in group.episodes]
         rng = control_rng(batch.step, g, group.prompt.uid) if cfg.shuffled_rewards else None
-        values = [r for r, _ in rs] if rng is None else [float(x) for x in rng.permutation([r for r, _ in rs])]
+        values = permuted([r for r, _ in rs], rng)
         a_out = normalize(values, cfg.grpo_eps)
-        varied += len({r for r, _ in rs}) > 1
+        varied += len(set(values)) > 1
         for e, ((r, f1), a) in enumerate(zip(rs, a_out)):
             out.rewards[(g, e)], out.f1[(g, e)], out.a_out[(g, e)] = r, f1, float(a)
         credits = credit_rule(by_group.get(g, []), group, cfg, mem_spreads, rng)  # (e, t) -> [(start, end, A_mem)]
