@@ -9,7 +9,8 @@ Loss counts only generated tokens (``loss_mask``); observations, prompts and pad
 Micro-batches are length-sorted and filled up to ``token_budget`` padded tokens; rank r of W takes
 every W-th micro-batch, so the ranks together see each sample exactly once. Every rank gets the same
 number of micro-batches (FSDP's collectives need it): a rank short of one runs a copy of another
-with its loss mask zeroed, which changes no gradient.
+with its loss mask zeroed, which changes no gradient. With ``by_group`` (learner.noise_scale) no
+micro-batch mixes prompt groups and each group ends with a round of the ranks' micro-batches.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class MicroBatch:
     rollout_logprobs: torch.Tensor
     samples: list[int]  # sample indices in the TrainingBatch
     lag: torch.Tensor = None  # [B, T] policy versions between the sampler and the learner (0 = on-policy)
+    group_end: bool = False  # by-group plans only: this round completes a prompt group (learner.noise_scale)
 
     @property
     def tokens(self) -> int:
@@ -107,31 +109,61 @@ def sample_lags(batch: TrainingBatch) -> np.ndarray:
     return batch.policy_version - batch.sample_versions.astype(np.int64)
 
 
-def micro_batches(batch: TrainingBatch, token_budget: int, rank: int = 0, world: int = 1) -> list[MicroBatch]:
-    cu = batch.cu_seqlens
-    lags = sample_lags(batch)
-    n = len(cu) - 1
-    order = sorted(range(n), key=lambda i: (int(cu[i + 1] - cu[i]), i))
-    groups, cur = [], []
+def _pack(order: list[int], cu: np.ndarray, token_budget: int) -> list[list[int]]:
+    """Length-sorted samples (``order``) into micro-batches of at most ``token_budget`` padded tokens."""
+    packs, cur = [], []
     for i in order:
         length = int(cu[i + 1] - cu[i])
         if cur and length * (len(cur) + 1) > token_budget:  # sorted: this sample is the longest so far
-            groups.append(cur)
+            packs.append(cur)
             cur = []
         cur.append(i)
     if cur:
-        groups.append(cur)
-    per_rank = -(-len(groups) // world)
-    mine = groups[rank::world]
-    dummies = per_rank - len(mine)
-    mine = mine + [groups[0]] * dummies
+        packs.append(cur)
+    return packs
+
+
+def _rounds(batch: TrainingBatch, token_budget: int, world: int, by_group: bool) -> list[tuple[list, bool]]:
+    """The whole batch's plan, the same on every rank: rounds of ``world`` micro-batches (rank r runs
+    ``round[r]``; [] where it has none), each with whether it completes a prompt group. ``by_group``:
+    every micro-batch holds one group's samples, a group's samples are split over the ranks and the
+    group ends with a round, so the gradient added by its rounds is that group's alone."""
+    cu = batch.cu_seqlens
+    n = len(cu) - 1
+    key = (lambda i: (int(cu[i + 1] - cu[i]), i))
+    if not by_group:
+        packs = _pack(sorted(range(n), key=key), cu, token_budget)
+        return [(packs[j:j + world] + [[]] * (world - len(packs[j:j + world])), False)
+                for j in range(0, len(packs), world)]
+    if len(batch.group_ids) != n:
+        raise ValueError(f"a by-group plan needs one group id per sample: {len(batch.group_ids)} for {n} samples")
+    rounds = []
+    for g in sorted(set(int(x) for x in batch.group_ids[:n])):
+        members = sorted((i for i in range(n) if int(batch.group_ids[i]) == g), key=key)
+        per_rank = [_pack(members[r::world], cu, token_budget) for r in range(world)]
+        depth = max(len(p) for p in per_rank)
+        rounds += [([p[j] if j < len(p) else [] for p in per_rank], j == depth - 1) for j in range(depth)]
+    return rounds
+
+
+def micro_batches(batch: TrainingBatch, token_budget: int, rank: int = 0, world: int = 1,
+                  by_group: bool = False) -> list[MicroBatch]:
+    """This rank's micro-batches, padded; every rank gets as many (a rank with none in a round runs a
+    copy of another micro-batch with its loss mask zeroed). ``by_group`` keeps prompt groups apart and
+    marks the micro-batch that completes each (``MicroBatch.group_end``; learner.noise_scale)."""
+    cu = batch.cu_seqlens
+    lags = sample_lags(batch)
+    rounds = _rounds(batch, token_budget, world, by_group)
+    filler = next((p for r, _ in rounds for p in r if p), [])
     out = []
-    for j, idx in enumerate(mine):
-        length = max(int(cu[i + 1] - cu[i]) for i in idx)
-        shape = (len(idx), length)
+    for parts, group_end in rounds:
+        idx = parts[rank]
+        rows = idx or filler
+        length = max(int(cu[i + 1] - cu[i]) for i in rows)
+        shape = (len(rows), length)
         ids, att = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
         lm, adv, lp, lag = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)
-        for r, i in enumerate(idx):
+        for r, i in enumerate(rows):
             k = int(cu[i + 1] - cu[i])
             ids[r, :k] = torch.from_numpy(_slice(batch.input_ids, cu, i).astype(np.int64))
             att[r, :k] = 1
@@ -139,10 +171,9 @@ def micro_batches(batch: TrainingBatch, token_budget: int, rank: int = 0, world:
             adv[r, :k] = torch.from_numpy(_slice(batch.advantages, cu, i).copy())
             lp[r, :k] = torch.from_numpy(_slice(batch.rollout_logprobs, cu, i).copy())
             lag[r, :k] = float(lags[i])
-        if j >= len(mine) - dummies:
+        if not idx:
             lm.zero_()
-            idx = []
-        out.append(MicroBatch(ids, att, lm, adv, lp, idx, lag))
+        out.append(MicroBatch(ids, att, lm, adv, lp, list(idx), lag, group_end))
     return out
 
 

@@ -96,6 +96,15 @@ class LearnerConfig(Section):
         1e-6, gt=0,
         description="AdamW learning rate.",
     )
+    noise_scale: bool = Field(
+        False,
+        description=(
+            "Measure each RL step's gradient noise scale over its prompt groups (services/learner/noise_scale.py; "
+            "metrics noise/trace, noise/signal_sq, noise/groups; the run's B_simple in the report): micro-batches "
+            "then never mix groups (a few more of them) and each rank keeps one copy of its gradient shard. "
+            "The update itself is the same."
+        ),
+    )
     warmup_steps: int = Field(
         0, ge=0,
         description="Linear lr warmup steps.",

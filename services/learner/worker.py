@@ -34,6 +34,7 @@ from services.learner.rendezvous import LOOPBACK, group_store, listen
 from services.learner.logprobs import token_logprobs
 from services.learner.memory import available_bytes, budget_advice, estimate_peak
 from services.learner.loss import aggregate, behaviour_weights, kl_penalty, policy_loss
+from services.learner.noise_scale import GroupGradients
 from services.learner.samples import MicroBatch, global_counts, micro_batches
 from services.learner.shard import load_model
 
@@ -111,8 +112,8 @@ class LearnerWorker:
 
     # -- steps ----------------------------------------------------------------------------------
 
-    def _micro(self, batch: TrainingBatch) -> list[MicroBatch]:
-        return micro_batches(batch, self.cfg.learner.micro_token_budget, self.rank, self.world)
+    def _micro(self, batch: TrainingBatch, by_group: bool = False) -> list[MicroBatch]:
+        return micro_batches(batch, self.cfg.learner.micro_token_budget, self.rank, self.world, by_group)
 
     def _finish_step(self, lr_key: str = "lr", loss: float = 0.0) -> dict:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.grad_clip)
@@ -137,7 +138,8 @@ class LearnerWorker:
         t0 = time.perf_counter()
         batch = decode(payload, TrainingBatch)
         tokens, rows = global_counts(batch)
-        micro = self._micro(batch)
+        micro = self._micro(batch, by_group=lc.noise_scale)
+        groups = GroupGradients(self.model.parameters()) if lc.noise_scale else None
         chunk = lc.logit_chunk_tokens
         temp = self.cfg.rollout.temperature if lc.tempered_logprobs and self.cfg.rollout.temperature > 0 else 1.0
         with torch.no_grad():  # reference log-probs for the KL term
@@ -164,6 +166,8 @@ class LearnerWorker:
                 loss = loss + lc.kl_coef * kl
                 sums["kl"] += float(kl.detach())
             (loss * self.world).backward()  # FSDP averages gradients over ranks; our parts already sum
+            if groups is not None and mb.group_end:
+                groups.close_group()
             n = float(mask.sum())
             diff = (old - mb.rollout_logprobs).abs() * mask
             sums["pg_loss"] += float(pg.detach())
@@ -179,6 +183,8 @@ class LearnerWorker:
             sums["is_weight"] += wm["is_weight_mean"] * wm["is_tokens"]
             sums["is_truncated"] += wm["is_truncated_share"] * wm["is_tokens"]
             sums["is_weight_max"] = max(sums["is_weight_max"], wm["is_weight_max"] if wm["is_tokens"] else 0.0)
+        if groups is not None:
+            sums.update(groups.finish())
         sums.update(self._finish_step(loss=sums["pg_loss"] + lc.kl_coef * sums["kl"]))
         sums["seconds"] = time.perf_counter() - t0
         return sums

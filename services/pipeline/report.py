@@ -249,6 +249,18 @@ def episode_em(path: str | Path) -> dict[str, dict[tuple[int, str], float]]:
     return out
 
 
+def noise_lines(metrics_path: Path) -> list[str]:
+    """The run's gradient noise scale when its learner measured one (learner.noise_scale), else nothing."""
+    from services.learner.noise_scale import b_simple  # torch at its top
+
+    rows = [r for r in read_rows(metrics_path, "train") if "noise/trace" in r]
+    if not rows:
+        return []
+    groups = sum(r["noise/groups"] for r in rows) / len(rows)
+    return [f"Gradient noise scale over {len(rows)} steps (learner.noise_scale; services/learner/noise_scale.py): "
+            f"B_simple = {b_simple(rows):.1f} prompt groups, against {groups:.1f} a step.", ""]
+
+
 def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes: str = "", runs: dict | None = None,
                  controls: dict[str, dict[int, dict]] | None = None,
                  pairs: list[list[tuple[str, str]]] | None = None) -> dict[str, Path]:
@@ -273,6 +285,7 @@ def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes
     if curves is not None:
         paths["curves"] = curves
         text += ["![training curves](curves.png)", ""]
+    text += noise_lines(run_dir / "metrics.jsonl")
     if runs:
         paths["samples"] = run_dir / "samples.md"
         paths["samples"].write_text(samples_markdown(runs))

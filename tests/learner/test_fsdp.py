@@ -47,6 +47,23 @@ def test_w2_matches_w1_after_one_step(ray_cluster, setup, world):
     assert moved > 1e-4, "one step must change the weights"
 
 
+def test_noise_scale_over_two_ranks_is_the_one_rank_figure(ray_cluster, setup, world):
+    """learner.noise_scale with a prompt group's samples split over two ranks: each group's gradient is
+    still whole (summed by the reduce-scatter) when its last round closes, so the estimates match W=1."""
+    cfg, tb = setup
+    cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"noise_scale": True})})
+    out = {}
+    for w in (1, 2):
+        group = LearnerGroup(cfg, str(world / "model"), world_size=w)
+        try:
+            out[w] = group.train_step(tb)
+        finally:
+            group.shutdown()
+    assert out[1]["noise/groups"] == out[2]["noise/groups"] == len(set(tb.group_ids.tolist()))
+    for k in ("noise/trace", "noise/signal_sq", "grad_norm"):
+        assert out[2][k] == pytest.approx(out[1][k], rel=1e-4, abs=1e-4 * out[1]["noise/trace"]), k
+
+
 def test_sft_lowers_the_loss(ray_cluster, setup, world):
     cfg, tb = setup
     group = LearnerGroup(cfg, str(world / "model"), world_size=1)

@@ -91,6 +91,16 @@ def test_report_table_and_curves(tmp_path):
     assert paths["curves"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(paths["eval"].read_text())["rl"]["1"]["em"] == 0.7
     assert markdown_table({}).count("\n") == 1
+    assert "noise scale" not in text  # the learner did not measure one
+
+
+def test_report_gives_the_runs_noise_scale_when_measured(tmp_path):
+    log = RunLog(tmp_path, tensorboard=False)
+    for step, (trace, signal) in enumerate([(30.0, 1.0), (10.0, 0.0), (20.0, 2.0)], start=1):
+        log.write("train", step, {"reward_mean": 0.5, "noise/groups": 8.0, "noise/trace": trace,
+                                  "noise/signal_sq": signal}, console=False)
+    text = write_report(tmp_path, {"rl": {1: {"em": 0.5, "f1": 0.5}}})["report"].read_text()
+    assert "B_simple = 20.0 prompt groups, against 8.0 a step" in text  # mean 20 over mean 1
 
 
 def test_sft_ranks_take_the_free_cores_in_whole_shares_or_keep_the_configured_reservation():
