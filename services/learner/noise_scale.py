@@ -50,6 +50,24 @@ def b_simple(rows: list[dict]) -> float:
     return trace / signal if signal > 0 else float("nan")
 
 
+def b_simple_bounds(rows: list[dict], level: float = 0.9, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap over steps of ``b_simple`` (two-sided ``level``): (low, high), high = inf
+    where resampled steps leave the mean signal unresolved (not positive). The low end is what a run can
+    say when the signal is small: the noise scale is at least that."""
+    import numpy as np  # here only: the estimator above needs none
+
+    pairs = np.array([(r["noise/trace"], r["noise/signal_sq"]) for r in rows
+                      if "noise/trace" in r and "noise/signal_sq" in r], dtype=np.float64).reshape(-1, 2)
+    if len(pairs) < 2:
+        return float("nan"), float("nan")
+    idx = np.random.default_rng(seed).integers(0, len(pairs), size=(draws, len(pairs)))
+    trace, signal = pairs[idx, 0].mean(axis=1), pairs[idx, 1].mean(axis=1)
+    ratio = np.where(signal > 0, trace / np.where(signal > 0, signal, 1.0), np.inf)
+    tail = (1.0 - level) / 2
+    pick = (lambda q: float(np.quantile(ratio, q, method="inverted_cdf")))  # no interpolation: inf stays inf
+    return pick(tail), pick(1.0 - tail)
+
+
 def _local(grad: torch.Tensor) -> torch.Tensor:
     return (grad.to_local() if hasattr(grad, "to_local") else grad).detach()
 

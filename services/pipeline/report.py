@@ -251,14 +251,16 @@ def episode_em(path: str | Path) -> dict[str, dict[tuple[int, str], float]]:
 
 def noise_lines(metrics_path: Path) -> list[str]:
     """The run's gradient noise scale when its learner measured one (learner.noise_scale), else nothing."""
-    from services.learner.noise_scale import b_simple  # torch at its top
+    from services.learner.noise_scale import b_simple, b_simple_bounds  # torch at its top
 
     rows = [r for r in read_rows(metrics_path, "train") if "noise/trace" in r]
     if not rows:
         return []
     groups = sum(r["noise/groups"] for r in rows) / len(rows)
+    low, high = b_simple_bounds(rows)
     return [f"Gradient noise scale over {len(rows)} steps (learner.noise_scale; services/learner/noise_scale.py): "
-            f"B_simple = {b_simple(rows):.1f} prompt groups, against {groups:.1f} a step.", ""]
+            f"B_simple = {b_simple(rows):.1f} prompt groups [90% bootstrap over steps: {low:.1f}, {high:.1f}], "
+            f"against {groups:.1f} a step.", ""]
 
 
 def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes: str = "", runs: dict | None = None,

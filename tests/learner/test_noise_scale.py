@@ -13,7 +13,7 @@ import torch
 
 from services.common.codec import encode
 from services.common.messages import TrainingBatch
-from services.learner.noise_scale import b_simple, estimate
+from services.learner.noise_scale import b_simple, b_simple_bounds, estimate
 from services.learner.samples import Sample, micro_batches, pack
 
 
@@ -46,6 +46,17 @@ def test_estimate_and_ratio_edge_cases():
     rows = [{"noise/trace": 3.0, "noise/signal_sq": 1.0}, {"noise/trace": 1.0, "noise/signal_sq": -0.5},
             {"grad_norm": 1}]
     assert b_simple(rows) == pytest.approx(2.0 / 0.25)  # ratio of means over the steps that measured
+
+
+def test_bounds_bracket_the_ratio_and_open_up_when_the_signal_is_unresolved():
+    rng = np.random.default_rng(1)
+    rows = [{"noise/trace": 10 + rng.normal(), "noise/signal_sq": 0.1 + 0.02 * rng.normal()} for _ in range(30)]
+    low, high = b_simple_bounds(rows)
+    assert low < b_simple(rows) < high and 70 < low and high < 140
+    weak = [{"noise/trace": 10.0, "noise/signal_sq": s} for s in (0.3, -0.2, 0.1, -0.1, 0.05)]
+    low, high = b_simple_bounds(weak)
+    assert np.isfinite(low) and low > 10 and high == np.inf  # only "at least" can be said
+    assert all(np.isnan(b) for b in b_simple_bounds(weak[:1]))
 
 
 def _batch(sizes: dict[int, list[int]]) -> TrainingBatch:

@@ -100,7 +100,8 @@ def test_report_gives_the_runs_noise_scale_when_measured(tmp_path):
         log.write("train", step, {"reward_mean": 0.5, "noise/groups": 8.0, "noise/trace": trace,
                                   "noise/signal_sq": signal}, console=False)
     text = write_report(tmp_path, {"rl": {1: {"em": 0.5, "f1": 0.5}}})["report"].read_text()
-    assert "B_simple = 20.0 prompt groups, against 8.0 a step" in text  # mean 20 over mean 1
+    assert "B_simple = 20.0 prompt groups [90% bootstrap over steps: " in text  # mean 20 over mean 1
+    assert "], against 8.0 a step" in text
 
 
 def test_sft_ranks_take_the_free_cores_in_whole_shares_or_keep_the_configured_reservation():
