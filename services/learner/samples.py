@@ -137,9 +137,12 @@ def _rounds(batch: TrainingBatch, token_budget: int, world: int, by_group: bool)
                 for j in range(0, len(packs), world)]
     if len(batch.group_ids) != n:
         raise ValueError(f"a by-group plan needs one group id per sample: {len(batch.group_ids)} for {n} samples")
+    by_id: dict[int, list[int]] = {}
+    for i in range(n):
+        by_id.setdefault(int(batch.group_ids[i]), []).append(i)
     rounds = []
-    for g in sorted(set(int(x) for x in batch.group_ids[:n])):
-        members = sorted((i for i in range(n) if int(batch.group_ids[i]) == g), key=key)
+    for g in sorted(by_id):
+        members = sorted(by_id[g], key=key)
         per_rank = [_pack(members[r::world], cu, token_budget) for r in range(world)]
         depth = max(len(p) for p in per_rank)
         rounds += [([p[j] if j < len(p) else [] for p in per_rank], j == depth - 1) for j in range(depth)]
