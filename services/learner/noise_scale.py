@@ -25,6 +25,7 @@ preconditioned ones; the KL term included (it is part of the update).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -39,30 +40,36 @@ def estimate(group_sq: list[float], total_sq: float) -> dict:
     return {"noise/groups": float(k), "noise/trace": trace, "noise/signal_sq": total_sq - trace / k}
 
 
+def _pairs(rows: list[dict]) -> np.ndarray:
+    """[steps, 2]: (trace, signal) of the rows that measured both."""
+    return np.array([(r["noise/trace"], r["noise/signal_sq"]) for r in rows
+                     if "noise/trace" in r and "noise/signal_sq" in r], dtype=np.float64).reshape(-1, 2)
+
+
+def _ratio(trace, signal):
+    """Mean trace over mean signal; inf where the signal is not positive (unresolved)."""
+    return np.where(signal > 0, trace / np.where(signal > 0, signal, 1.0), np.inf)
+
+
 def b_simple(rows: list[dict]) -> float:
     """A run's noise scale in prompt groups: mean trace over mean signal of the steps that have both
     (NaN if the mean signal is not positive: the gradient's mean is not resolved at these batches)."""
-    pairs = [(r["noise/trace"], r["noise/signal_sq"]) for r in rows if "noise/trace" in r and "noise/signal_sq" in r]
-    if not pairs:
+    pairs = _pairs(rows)
+    if not len(pairs):
         return float("nan")
-    trace = sum(p[0] for p in pairs) / len(pairs)
-    signal = sum(p[1] for p in pairs) / len(pairs)
-    return trace / signal if signal > 0 else float("nan")
+    ratio = float(_ratio(pairs[:, 0].mean(), pairs[:, 1].mean()))
+    return ratio if np.isfinite(ratio) else float("nan")
 
 
 def b_simple_bounds(rows: list[dict], level: float = 0.9, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
     """A percentile bootstrap over steps of ``b_simple`` (two-sided ``level``): (low, high), high = inf
     where resampled steps leave the mean signal unresolved (not positive). The low end is what a run can
     say when the signal is small: the noise scale is at least that."""
-    import numpy as np  # here only: the estimator above needs none
-
-    pairs = np.array([(r["noise/trace"], r["noise/signal_sq"]) for r in rows
-                      if "noise/trace" in r and "noise/signal_sq" in r], dtype=np.float64).reshape(-1, 2)
+    pairs = _pairs(rows)
     if len(pairs) < 2:
         return float("nan"), float("nan")
     idx = np.random.default_rng(seed).integers(0, len(pairs), size=(draws, len(pairs)))
-    trace, signal = pairs[idx, 0].mean(axis=1), pairs[idx, 1].mean(axis=1)
-    ratio = np.where(signal > 0, trace / np.where(signal > 0, signal, 1.0), np.inf)
+    ratio = _ratio(pairs[idx, 0].mean(axis=1), pairs[idx, 1].mean(axis=1))
     tail = (1.0 - level) / 2
     pick = (lambda q: float(np.quantile(ratio, q, method="inverted_cdf")))  # no interpolation: inf stays inf
     return pick(tail), pick(1.0 - tail)
@@ -78,22 +85,24 @@ class GroupGradients:
 
     def __init__(self, params):
         self.params = [p for p in params if p.requires_grad]
+        self.device = self.params[0].device if self.params else torch.device("cpu")
         self.prev = [None] * len(self.params)
         self.group_sq: list[float] = []
 
     def _sq(self, parts) -> float:
-        total = torch.zeros((), dtype=torch.float64)
-        for t in parts:
-            if t is not None:
-                total += t.double().pow(2).sum().cpu()
+        """The squared norm over all ranks, summed where the gradients live (one host sync; NCCL reduces
+        device tensors only)."""
+        sq = [t.double().pow(2).sum() for t in parts if t is not None]
+        total = torch.stack(sq).sum() if sq else torch.zeros((), dtype=torch.float64, device=self.device)
         if dist.is_initialized():
             dist.all_reduce(total)
         return float(total)
 
     def close_group(self) -> None:
-        """The gradient accumulated since the last group closed is one group's: record its squared norm."""
+        """The gradient accumulated since the last group closed is one group's: record its squared norm
+        (a parameter's gradient, once set, stays set until the step's zero_grad)."""
         now = [None if p.grad is None else _local(p.grad) for p in self.params]
-        deltas = [n if b is None else (n - b if n is not None else -b) for n, b in zip(now, self.prev)]
+        deltas = [n if b is None or n is None else n - b for n, b in zip(now, self.prev)]
         self.group_sq.append(self._sq(deltas))
         self.prev = [None if n is None else n.clone() for n in now]
 
