@@ -7,15 +7,23 @@
     group.shutdown()
 
 The batch is encoded and put in the object store once; every rank reads the same bytes.
+
+A call on the group has one outcome for all its ranks (``gather``): the results; ``RankLost`` when a
+rank died, whichever rank's error reached the driver first (a survivor's collective error while a
+peer is dead is the same fault, and the caller rebuilds the group: services/learner/service.py); or,
+with every rank alive, the first error as it was raised.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
+import time
 from pathlib import Path
 
 import ray
+from ray.exceptions import RayActorError
 
 from services.common.codec import encode
 from services.common.config import MempoConfig, actor_options, learner_worker_gpus
@@ -24,25 +32,97 @@ from services.learner.checkpoint import latest_complete, step_dir
 from services.learner.rendezvous import LOOPBACK, NODE
 from services.learner.worker import LearnerWorker
 
+log = logging.getLogger("mempo.learner")
+
 _SUMMED = ("pg_loss", "kl", "entropy", "abs_diff", "tokens", "clip", "dual_clip", "sft_loss", "lag", "is_tokens",
            "is_weight", "is_truncated")
 
 
+class RankLost(RuntimeError):
+    """A call on the worker group failed because rank(s) ``ranks`` died: the group must be rebuilt.
+    ``__cause__`` is the first error that reached the driver (the dead rank's, or a survivor's)."""
+
+    def __init__(self, what: str, ranks: list[int], first: BaseException, first_rank: int):
+        self.ranks = ranks
+        said = "" if first_rank in ranks else (f"; rank {first_rank}'s error came first "
+                                                f"({type(first).__name__}: {str(first).splitlines()[0][:200]})")
+        super().__init__(f"{what}: learner rank(s) {ranks} died{said}")
+
+
+def gather(refs: list, what: str, grace_s: float, on_hung=None) -> list:
+    """The results of one call on every rank (``refs`` in rank order), read as one outcome.
+
+    - Every rank answers: the results, in rank order.
+    - A rank died (its ref raises ``RayActorError``), at any point before the call is judged: ``RankLost``,
+      whichever rank's error arrived first. A rank whose peer dies mid-collective fails with its
+      backend's error (gloo: "Connection closed by peer") before Ray has reported the peer dead; the
+      other refs are waited for up to ``grace_s`` after the first error so that the death is seen.
+    - Ranks raised and every rank is alive: the first error, as it was raised. Ranks still running
+      ``grace_s`` after it (waiting in a collective for the rank that failed) are named in a note on
+      it, and ``on_hung(ranks)`` runs before it is raised (``LearnerGroup`` kills the group there).
+    """
+    rank_of = {ref: r for r, ref in enumerate(refs)}
+    results: list = [None] * len(refs)
+    errors: dict[int, BaseException] = {}  # in arrival order
+    pending, deadline = list(refs), None
+    while pending:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+        if not ready:
+            break  # the grace is over
+        for ref in ready:
+            r = rank_of[ref]
+            try:
+                results[r] = ray.get(ref)
+            except RayActorError as e:
+                first_rank, first = next(iter(errors.items()), (r, e))
+                raise RankLost(what, [r], first, first_rank) from first
+            except Exception as e:  # noqa: BLE001 - judged below, once the others have answered or the grace is over
+                errors[r] = e
+                if deadline is None:
+                    deadline = time.monotonic() + grace_s
+    if not errors:
+        return results
+    first_rank, first = next(iter(errors.items()))
+    if pending:
+        stuck = sorted(rank_of[ref] for ref in pending)
+        first.add_note(f"mempo: {what} failed on rank {first_rank} with every rank alive; rank(s) {stuck} had not "
+                       f"answered {grace_s:g}s later (learner.fault_grace_s), most likely waiting in a collective "
+                       f"for it: the group is shut down")
+        if on_hung is not None:
+            on_hung(stuck)
+    raise first
+
+
 class LearnerGroup:
+    worker_class = LearnerWorker  # the rank's actor class (tests inject faults through a subclass)
+
     def __init__(self, cfg: MempoConfig, model_dir: str, world_size: int | None = None):
         self.cfg = cfg
         self.world = world_size or cfg.learner.world_size
         options = actor_options(cfg.learner.num_cpus_per_worker, learner_worker_gpus(cfg), cfg.learner.resources)
-        actor = ray.remote(**options)(LearnerWorker)
+        actor = ray.remote(**options)(self.worker_class)
         config = cfg.model_dump(mode="json")
         # rank 0 binds the rendezvous socket: loopback on one machine, its node's address on a cluster
         store_host = NODE if cfg.ray.address else LOOPBACK
         self.workers = [actor.remote(r, self.world, config, str(model_dir), store_host) for r in range(self.world)]
         host, port = ray.get(self.workers[0].store_address.remote())
-        self.pids: list[int] = ray.get([w.join.remote(host, port) for w in self.workers])
+        self.pids: list[int] = self._all("join", host, port)
 
     def _all(self, method: str, *args) -> list:
-        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+        """``method`` on every rank, one outcome (``gather``). A failure with ranks left hanging kills the
+        whole group: its next call raises ``RankLost`` and the learner service rebuilds it."""
+        refs = [getattr(w, method).remote(*args) for w in self.workers]
+        return gather(refs, method, self.cfg.learner.fault_grace_s, on_hung=self._hung)
+
+    def _hung(self, ranks: list[int]) -> None:
+        log.error("learner group: a call failed on one rank while rank(s) %s hung; killing the group", ranks)
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill every rank's process (no clean shutdown: a rank may be stuck in a collective)."""
+        for w in self.workers:
+            ray.kill(w)
 
     def _combine(self, parts: list[dict]) -> dict:
         out = {k: sum(p.get(k, 0.0) for p in parts) for k in _SUMMED if k in parts[0]}
@@ -124,5 +204,4 @@ class LearnerGroup:
         try:
             self._all("shutdown")
         finally:
-            for w in self.workers:
-                ray.kill(w)
+            self.kill()

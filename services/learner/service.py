@@ -231,10 +231,12 @@ class LearnerService:
         holds the current step (for an update: the step before it), ``call`` is made again (automatic).
         Otherwise the steps since that checkpoint are gone: the call fails saying so, and the same
         ``mempo train`` command resumes there."""
+        from services.learner.group import RankLost  # torch in the replica only, as in __init__
+
         try:
             return call()
-        except RayActorError as e:
-            log.error("a learner worker died (%s during %s); rebuilding the group", type(e).__name__, what)
+        except (RankLost, RayActorError) as e:  # a rank died, whichever rank's error came first (group.gather)
+            log.error("a learner worker died (%s during %s); rebuilding the group", e, what)
             t0 = time.perf_counter()
             resumed = self._rebuild_group()
             self.restarts += 1

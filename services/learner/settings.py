@@ -246,6 +246,16 @@ class LearnerConfig(Section):
         "auto",
         description="auto = resume from the latest complete checkpoint.",
     )
+    fault_grace_s: float = Field(
+        60.0, gt=0,
+        description=(
+            "When one rank's call on the worker group fails, how long the group waits for the other ranks' "
+            "answers before judging it: a rank found dead within this time makes the failure a rank fault "
+            "(whichever rank's error came first: a survivor's collective error while a peer is dead is the same "
+            "fault), and the group is rebuilt from the latest checkpoint; otherwise the error is raised as it is. "
+            "Long enough for Ray to report a dead process, or a lost node's, as dead."
+        ),
+    )
     sft_lr: float = Field(
         1e-5, gt=0,
         description="Learning rate of the SFT cold start.",

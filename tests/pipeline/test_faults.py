@@ -203,12 +203,24 @@ def test_a_learner_worker_killed_mid_update_is_rebuilt_from_the_last_checkpoint_
           f"step 5 trained again, step {row['step_s']:.1f}s")
 
 
+def _whole_learner_group(learner, scratch) -> dict:
+    """The learner's info once every worker of its group is alive: this test's own starting state,
+    whatever the tests before it left (a call on the group, here an export, rebuilds a group with a
+    dead worker)."""
+    info = learner.info.remote().result()
+    if not all(psutil.pid_exists(p) for p in info["worker_pids"]):
+        learner.export.remote(str(scratch)).result()
+        info = learner.info.remote().result()
+    assert all(psutil.pid_exists(p) for p in info["worker_pids"]), info["worker_pids"]
+    return info
+
+
 def test_a_learner_worker_dead_while_idle_is_rebuilt_at_the_next_call_with_the_weights_its_step_left(run):
     # a worker that dies between steps (nothing running) used to fail the next save or export, e.g. the
     # driver's final checkpoint; now any call on the group rebuilds it first (LearnerService._with_group)
     cfg, run_dir = run
     learner = _handle("learner")
-    before = learner.info.remote().result()
+    before = _whole_learner_group(learner, run_dir / "export-before")
     os.kill(before["worker_pids"][1], signal.SIGKILL)
     _wait_for(lambda: not psutil.pid_exists(before["worker_pids"][1]), timeout=30)
     learner.export.remote(str(run_dir / "export")).result()
