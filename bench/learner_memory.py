@@ -15,6 +15,9 @@ Variants:
   chunked  chunked log-probs at the loss positions (learner.logit_chunk_tokens)
   ac       chunked + activation checkpointing (learner.activation_checkpointing)
   bf16     chunked + ac with model.dtype bfloat16 (fp32 masters, bf16 compute)
+  lora     chunked, LoRA adapters of rank 16 on every linear layer (learner.lora: the base frozen, no
+           reference copy, AdamW over the adapters)
+  lora_ac  lora + activation checkpointing
 
 The estimate column is ``services/learner/memory.py``'s (what the worker warns with at start).
 The SmolLM2 model is ``.cache/models/smollm2-135m-instruct-float32`` when that folder exists, else a
@@ -57,7 +60,8 @@ SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hi
                num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, tie_word_embeddings=True)
 SAMPLE, RESPONSE = 512, 128
 VARIANTS = {"before": {}, "chunked": {}, "ac": {"learner.activation_checkpointing": True},
-            "bf16": {"learner.activation_checkpointing": True, "model.dtype": "bfloat16"}}
+            "bf16": {"learner.activation_checkpointing": True, "model.dtype": "bfloat16"},
+            "lora": {"learner.lora.rank": 16}, "lora_ac": {"learner.lora.rank": 16, "learner.activation_checkpointing": True}}
 
 
 def smollm2_dir(tmp: Path) -> Path:

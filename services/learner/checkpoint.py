@@ -1,7 +1,8 @@
 """Sharded checkpoints of the learner (torch.distributed.checkpoint), resumable, never half-read.
 
 Layout of ``{run_dir}/checkpoints/step_00000042/``:
-    *.distcp, .metadata     model and optimizer state, sharded as FSDP holds them (DCP)
+    *.distcp, .metadata     model and optimizer state, sharded as FSDP holds them (DCP); with LoRA the
+                            model part is the adapters only (the base is ``model.path``)
     rng_rank{r}.pt          torch / numpy / python RNG states of rank r
     trainer.json            step, lr schedule, world size, and whatever the driver adds (data position, ...)
     COMPLETE                written last, by rank 0, after every rank finished writing
@@ -60,22 +61,50 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_sharded(path: Path, model, optim, sched, step: int, rank: int, extra: dict) -> None:
-    """Collective: every rank calls it with the same ``path``."""
+def _model_state(model, kept: dict | None) -> dict:
+    """The model's part of a checkpoint: every parameter, or with LoRA (``kept``) the adapters only."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict  # torch.distributed on use
+
+    state = get_model_state_dict(model)
+    if kept is None:
+        return state
+    from services.learner.lora import is_adapter  # peft on use
+
+    return {k: v for k, v in state.items() if is_adapter(k)}
+
+
+def _check_kept(path: Path, meta: dict, kept: dict | None) -> None:
+    """A checkpoint resumes only into a learner that trains what it holds: all parameters, or LoRA
+    adapters made by the same ``learner.lora`` settings."""
+    saved = meta.get("kept")
+    if (saved is None) != (kept is None):
+        has = "LoRA adapters" if saved is not None else "every parameter"
+        wants = "LoRA adapters" if kept is not None else "every parameter"
+        raise ValueError(f"{path} holds {has} but this learner trains {wants} (learner.lora.rank): resume with the "
+                         f"settings it was made with, or start a new train.run_dir")
+    if saved is not None and saved["lora"] != kept["lora"]:
+        raise ValueError(f"{path} holds LoRA adapters made with learner.lora={saved['lora']}, this learner has "
+                         f"{kept['lora']}: resume with the settings it was made with, or start a new train.run_dir")
+
+
+def save_sharded(path: Path, model, optim, sched, step: int, rank: int, extra: dict, kept: dict | None = None) -> None:
+    """Collective: every rank calls it with the same ``path``. ``kept`` (LoRA: the adapter settings and
+    the base's path) makes the checkpoint hold the adapters only and is recorded in trainer.json."""
     import torch.distributed as dist  # torch.distributed on use (the FSDP ranks)
     import torch.distributed.checkpoint as dcp  # torch.distributed on use (the FSDP ranks)
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict  # (the same)
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # (the same)
 
     if rank == 0 and path.exists():
         shutil.rmtree(path)  # an older, incomplete attempt at the same step
     dist.barrier()
     path.mkdir(parents=True, exist_ok=True)
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optim)}
+    state = {"model": _model_state(model, kept), "optim": get_optimizer_state_dict(model, optim)}
     dcp.save(state, checkpoint_id=str(path))
     torch.save(rng_state(), path / f"rng_rank{rank}.pt")
     dist.barrier()
     if rank == 0:
-        meta = {"step": step, "sched": sched.state_dict(), "world_size": dist.get_world_size(), "extra": extra}
+        meta = {"step": step, "sched": sched.state_dict(), "world_size": dist.get_world_size(), "extra": extra,
+                **({"kept": kept} if kept is not None else {})}
         (path / "trainer.json").write_text(json.dumps(meta))
         (path / MARKER).write_text("ok\n")
     dist.barrier()
@@ -103,12 +132,13 @@ def rng_file(path: Path, rank: int) -> Path:
     return f
 
 
-def load_sharded(path: Path, model, optim, sched, rank: int) -> tuple[int, dict]:
+def load_sharded(path: Path, model, optim, sched, rank: int, kept: dict | None = None) -> tuple[int, dict]:
     """Collective: restore model, optimizer, schedule and RNG; returns (step, the driver's extra). Any
-    world size: the state is resharded and the RNG states mapped as the module docstring says."""
+    world size: the state is resharded and the RNG states mapped as the module docstring says. With
+    LoRA (``kept``) the adapters are loaded onto the base the model was built from."""
     import torch.distributed.checkpoint as dcp  # torch.distributed on use (the FSDP ranks)
     from torch.distributed.checkpoint.state_dict import (  # torch.distributed on use (the FSDP ranks)
-        get_model_state_dict,
+        StateDictOptions,
         get_optimizer_state_dict,
         set_model_state_dict,
         set_optimizer_state_dict,
@@ -116,12 +146,13 @@ def load_sharded(path: Path, model, optim, sched, rank: int) -> tuple[int, dict]
 
     if not (path / MARKER).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint")
-    rng = rng_file(path, rank)  # checked before any state is touched
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optim)}
-    dcp.load(state, checkpoint_id=str(path))
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optim, state["optim"])
     meta = json.loads((path / "trainer.json").read_text())
+    _check_kept(path, meta, kept)
+    rng = rng_file(path, rank)  # checked before any state is touched
+    state = {"model": _model_state(model, kept), "optim": get_optimizer_state_dict(model, optim)}
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(model, state["model"], options=StateDictOptions(strict=kept is None))
+    set_optimizer_state_dict(model, optim, state["optim"])
     sched.load_state_dict(meta["sched"])
     set_rng_state(torch.load(rng, weights_only=False))
     return int(meta["step"]), meta["extra"]

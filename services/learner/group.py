@@ -155,8 +155,9 @@ class LearnerGroup:
         ref = ray.put(encode(batch))
         return self._combine(self._all("sft_step", ref))
 
-    def full_state_dict(self) -> dict:
-        return next(sd for sd in self._all("full_state_dict") if sd is not None)
+    def full_state_dict(self, merged: bool = True) -> dict:
+        """Rank 0's full state dict; with LoRA ``merged`` folds the adapters in (worker.full_state_dict)."""
+        return next(sd for sd in self._all("full_state_dict", merged) if sd is not None)
 
     def param_digest(self) -> float:
         return self._all("param_digest")[0]
@@ -179,7 +180,9 @@ class LearnerGroup:
 
     def export_hf(self, out_dir: str, source_dir: str) -> str:
         """A plain Hugging Face directory (save_pretrained + tokenizer) of the current policy, for
-        vLLM and users. ``source_dir`` gives the config and tokenizer. Written beside and renamed."""
+        vLLM and users. ``source_dir`` gives the config and tokenizer. Written beside and renamed.
+        With LoRA the weights are merged, and ``out_dir/adapter`` holds the adapters alone as a PEFT
+        folder whose base is ``source_dir`` (``PeftModel.from_pretrained(base, out_dir/adapter)``)."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # transformers on use
 
         state = self.full_state_dict()  # in model.dtype: the export's dtype, whatever the source folder's
@@ -193,6 +196,10 @@ class LearnerGroup:
         gen = Path(source_dir) / "generation_config.json"
         if gen.is_file():
             shutil.copy(gen, tmp / "generation_config.json")
+        if self.cfg.learner.lora.rank > 0:
+            from services.learner.lora import to_peft_folder  # peft on use
+
+            to_peft_folder(self.full_state_dict(merged=False), source_dir, self.cfg.learner.lora, str(tmp / "adapter"))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)  # a finished export or the previous one, never a half-written directory
         return out_dir

@@ -91,7 +91,42 @@ class AlgorithmConfig(Section):
     )
 
 
+class LoraConfig(Section):
+    rank: int = Field(
+        0, ge=0,
+        description=(
+            "LoRA rank r: 0 = train every parameter (the default); r > 0 = train peft LoRA adapters of rank r on "
+            "learner.lora.target_modules and freeze the base. The reference policy of the KL term is then the "
+            "base with the adapters switched off (no second copy), the optimizer holds the adapters only, and "
+            "checkpoints hold the adapters and their optimizer state (the base is model.path). Dropout is 0, so "
+            "the learner's log-probs are the served policy's."
+        ),
+    )
+    alpha: float = Field(
+        32.0, gt=0,
+        description="LoRA alpha: the adapters' update is scaled by alpha / rank (peft's lora_alpha).",
+    )
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description=(
+            "Which modules get adapters: 'all-linear' (every linear layer but the output head, peft's rule), or "
+            "a list of module names (e.g. [q_proj, v_proj]; each must name a linear layer of the model)."
+        ),
+    )
+    publish: Literal["merged"] = Field(
+        "merged",
+        description=(
+            "How a LoRA policy reaches the rollout and scorer replicas: merged = the adapters folded into the base "
+            "weights on rank 0 (W + alpha / rank * B A) and published as a full state dict, as without LoRA."
+        ),
+    )
+
+
 class LearnerConfig(Section):
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters instead of full fine-tuning (learner.lora.rank > 0).",
+    )
     lr: float = Field(
         1e-6, gt=0,
         description="AdamW learning rate.",

@@ -37,16 +37,22 @@ def mixed_precision(dtype: torch.dtype):
 
 
 def load_model(model_dir: str, dtype: torch.dtype, mesh, device: str, frozen: bool,
-               activation_checkpointing: bool = False):
+               activation_checkpointing: bool = False, lora=None):
     """A causal LM from ``model_dir``, sharded with ``fully_shard`` per decoder layer and then the
     root, with the chunked log-prob method installed (services/learner/logprobs.py). The trainable
-    policy gets fp32 masters (module docstring); ``frozen`` loads in ``dtype``, without gradients."""
+    policy gets fp32 masters (module docstring); ``frozen`` loads in ``dtype``, without gradients.
+    ``lora`` (``learner.lora`` with rank > 0): peft's LoRA layers are added before sharding and only
+    they train (services/learner/lora.py); each FSDP unit then holds frozen and trainable parameters."""
     from torch.distributed.fsdp import fully_shard  # torch.distributed on use (the FSDP ranks)
     from transformers import AutoModelForCausalLM  # transformers on use
 
     mp = None if frozen else mixed_precision(dtype)
     load_dtype = dtype if frozen or mp is None else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=load_dtype).to(device)
+    if lora is not None and not frozen:
+        from services.learner.lora import add_adapters  # peft on use (the FSDP ranks)
+
+        add_adapters(model, lora)
     if activation_checkpointing and not frozen:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()  # transformers checkpoints only in training mode (the configs' dropout is 0)

@@ -80,9 +80,12 @@ class LearnerWorker:
 
         device = "cuda" if cuda else "cpu"
         self._check_memory(dtype, device)
-        self.model = load_model(model_dir, dtype, self.mesh, device, False, lc.activation_checkpointing)
-        self.ref = load_model(model_dir, dtype, self.mesh, device, True) if lc.kl_coef > 0 else None
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
+        self.lora = lc.lora if lc.lora.rank > 0 else None
+        self.model = load_model(model_dir, dtype, self.mesh, device, False, lc.activation_checkpointing, self.lora)
+        # the KL term's reference: a frozen copy, or with LoRA the same model with its adapters off
+        self.ref = load_model(model_dir, dtype, self.mesh, device, True) if lc.kl_coef > 0 and not self.lora else None
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optim = torch.optim.AdamW(self.trainable, lr=lc.lr, weight_decay=lc.weight_decay)
         warm = max(1, lc.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lambda s: min(1.0, (s + 1) / warm))
         self.step = 0
@@ -116,7 +119,7 @@ class LearnerWorker:
         return micro_batches(batch, self.cfg.learner.micro_token_budget, self.rank, self.world, by_group)
 
     def _finish_step(self, lr_key: str = "lr", loss: float = 0.0) -> dict:
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.learner.grad_clip)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         lr = self.optim.param_groups[0]["lr"]  # the rate this update uses (set_lr changes it between schedule steps)
         # A non-finite loss (this rank's part) or gradient norm on any rank skips the update on every
@@ -139,12 +142,10 @@ class LearnerWorker:
         batch = decode(payload, TrainingBatch)
         tokens, rows = global_counts(batch)
         micro = self._micro(batch, by_group=lc.noise_scale)
-        groups = GroupGradients(self.model.parameters()) if lc.noise_scale else None
+        groups = GroupGradients(self.trainable) if lc.noise_scale else None
         chunk = lc.logit_chunk_tokens
         temp = self.cfg.rollout.temperature if lc.tempered_logprobs and self.cfg.rollout.temperature > 0 else 1.0
-        with torch.no_grad():  # reference log-probs for the KL term
-            ref = None if self.ref is None else [token_logprobs(self.ref, mb, chunk_tokens=chunk, temperature=temp)[0]
-                                                 .cpu() for mb in micro]
+        ref = self._reference_logprobs(micro, chunk, temp) if lc.kl_coef > 0 else None
         sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "abs_diff": 0.0, "max_abs_diff": 0.0, "tokens": 0.0,
                 "clip": 0.0, "dual_clip": 0.0, "lag": 0.0, "lag_max": 0.0, "is_tokens": 0.0, "is_weight": 0.0,
                 "is_weight_max": 0.0, "is_truncated": 0.0}
@@ -189,6 +190,17 @@ class LearnerWorker:
         sums["seconds"] = time.perf_counter() - t0
         return sums
 
+    @torch.no_grad()
+    def _reference_logprobs(self, micro: list[MicroBatch], chunk: int, temp: float) -> list[torch.Tensor]:
+        """Each micro-batch's log-probs under the reference policy (the KL term's): the frozen copy, or
+        with LoRA the policy's base (its adapters off)."""
+        if self.ref is not None:
+            return [token_logprobs(self.ref, mb, chunk_tokens=chunk, temperature=temp)[0].cpu() for mb in micro]
+        from services.learner.lora import adapters_off  # peft on use
+
+        with adapters_off(self.model):
+            return [token_logprobs(self.model, mb, chunk_tokens=chunk, temperature=temp)[0].cpu() for mb in micro]
+
     def sft_step(self, payload: bytes) -> dict:
         """Cross-entropy on the generated (assistant) tokens; same machinery, same normalisation."""
         t0 = time.perf_counter()
@@ -213,14 +225,20 @@ class LearnerWorker:
 
     # -- weights --------------------------------------------------------------------------------
 
-    def full_state_dict(self) -> dict | None:
+    def full_state_dict(self, merged: bool = True) -> dict | None:
         """Collective: every rank must call it; rank 0 gets the full CPU state dict in ``model.dtype``
-        (what vLLM, the scorer and exports load; the fp32 masters stay here), others None."""
+        (what vLLM, the scorer and exports load; the fp32 masters stay here), others None. With LoRA,
+        ``merged`` folds the adapters into the base weights (the plain model's keys); unmerged, it holds
+        the base and the adapter tensors under peft's keys (for the PEFT export)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # on use (see join)
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
             return None
+        if self.lora is not None and merged:
+            from services.learner.lora import merge_state  # peft on use
+
+            sd = merge_state(sd, self.lora)
         dtype = model_dtype(self.cfg.model.dtype)
         return {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
 
@@ -236,11 +254,18 @@ class LearnerWorker:
     # -- checkpoints ----------------------------------------------------------------------------
 
     def save_checkpoint(self, path: str, extra: dict) -> str:
-        save_sharded(Path(path), self.model, self.optim, self.sched, self.step, self.rank, extra)
+        save_sharded(Path(path), self.model, self.optim, self.sched, self.step, self.rank, extra, self._kept())
         return path
 
+    def _kept(self) -> dict | None:
+        """With LoRA, what a checkpoint holds of the model: the adapters (the base is ``model.path``), and
+        the settings that shape them, checked on resume."""
+        if self.lora is None:
+            return None
+        return {"lora": self.lora.model_dump(mode="json"), "model": self.model_dir}
+
     def load_checkpoint(self, path: str) -> dict:
-        self.step, extra = load_sharded(Path(path), self.model, self.optim, self.sched, self.rank)
+        self.step, extra = load_sharded(Path(path), self.model, self.optim, self.sched, self.rank, self._kept())
         return {"step": self.step, "extra": extra}
 
     def optimizer_digest(self) -> float:
