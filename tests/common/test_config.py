@@ -37,8 +37,10 @@ def test_every_leaf_field_is_documented():
 def test_describe_fields_defaults_match_the_model():
     cfg = load_config()
     for key, default, _ in describe_fields():
-        section, name = key.split(".")
-        assert getattr(getattr(cfg, section), name) == default, key
+        node = cfg
+        for part in key.split("."):  # sections may nest (learner.lora.rank)
+            node = getattr(node, part)
+        assert node == default, key
 
 
 def test_mempo_reference_defaults():
