@@ -57,20 +57,8 @@ def test_a_rank_warns_at_start_when_its_budget_will_not_fit(setup, world, monkey
     assert warned and "learner.micro_token_budget=2048 needs about" in warned[0] and "0.2 GiB available" in warned[0]
 
 
-def test_with_lora_the_states_are_the_frozen_base_and_the_adapters_counted_as_peft_makes_them(world):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from services.learner.lora import add_adapters
-    from services.learner.memory import adapter_params
-
-    for targets in ("all-linear", ["q_proj", "v_proj"]):
-        lc = LearnerConfig(lora={"rank": 8, "target_modules": targets})
-        model = AutoModelForCausalLM.from_pretrained(world / "model")
-        add_adapters(model, lc.lora)
-        made = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        assert adapter_params(AutoConfig.from_pretrained(world / "model"), lc.lora) == made
-    full, lora = LearnerConfig(), LearnerConfig(lora={"rank": 16})
-    f, l = (estimate_peak(SMOLLM2, c, 1, torch.float32, True) for c in (full, lora))
-    # 16 bytes a parameter and a reference copy -> 4 bytes a parameter and 16 an adapter parameter
-    assert l["states"] < f["states"] / 3
-    assert l["activations"] == f["activations"]  # the backward still runs through every layer
+def test_lora_is_estimated_as_full_fine_tuning_with_its_reference():
+    # an upper bound: memory.py's docstring gives the measured peaks that show no saving yet
+    full, lora = LearnerConfig(kl_coef=0.0), LearnerConfig(kl_coef=0.0, lora={"rank": 16})
+    assert estimate_peak(SMOLLM2, lora, 1, torch.float32, False)["total"] == \
+        estimate_peak(SMOLLM2, full, 1, torch.float32, True)["total"]
