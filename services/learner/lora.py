@@ -118,9 +118,9 @@ def to_peft_folder(state: dict[str, torch.Tensor], source_dir: str, lora, out_di
     from transformers import AutoConfig, AutoModelForCausalLM  # transformers on use
 
     dtype = next((v.dtype for k, v in state.items() if is_adapter(k)), torch.float32)
+    source = str(Path(source_dir).resolve())  # the adapter's base_model_name_or_path: absolute, wherever it is read
     with torch.device("meta"):
-        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source_dir), dtype=dtype)
-    base.config.name_or_path = str(Path(source_dir).resolve())
+        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=dtype)
     peft_model = get_peft_model(base, peft_config(lora))
     adapters = {k: v for k, v in state.items() if is_adapter(k)}
     missing = [k for k, p in peft_model.base_model.model.named_parameters() if is_adapter(k) and k not in adapters]

@@ -5,6 +5,7 @@ has, not a random one's). Skips, saying why, where the package that ships the we
 
 import json
 import math
+from pathlib import Path
 
 import httpx
 import pytest
@@ -74,10 +75,12 @@ def test_one_sft_step_on_smollm2(ray_cluster, smollm2, tmp_path):
 
 
 def test_one_rl_step_on_smollm2(serve_http, smollm2, tmp_path):
-    """`mempo train`'s loop with every service on the real model: vLLM rolls out, the scorer scores,
-    the learner updates and publishes 0.5 GB of weights to the rollout and scorer replicas. The
-    learner's log-probs of the sampled tokens match the engine's: the token path (the SmolLM2
-    tokenizer's text, its chat template around observations) is the one the engine generated."""
+    """`mempo train`'s loop with every service on the real model, its learner training LoRA adapters
+    (learner.lora; the full-parameter update is the tiny model's tests' and the SFT step's above): vLLM
+    rolls out, the scorer scores, the learner updates the adapters and publishes the merged 0.5 GB of
+    weights to the rollout and scorer replicas. The learner's log-probs of the sampled tokens match the
+    engine's: the token path (the SmolLM2 tokenizer's text, its chat template around observations) is
+    the one the engine generated. The export is the merged folder plus the adapters as a PEFT folder."""
     from services.pipeline.train import train
 
     run = tmp_path / "rl"
@@ -86,7 +89,8 @@ def test_one_rl_step_on_smollm2(serve_http, smollm2, tmp_path):
         "ray.app_prefix=smol-rl-", f"ray.http_port={port}", "train.init_from_sft=false", f"train.run_dir={run}",
         "train.steps=1", "train.prompts_per_step=1", "rollout.n=2", "rollout.max_turns=2",
         "rollout.max_response_tokens=48", "rollout.num_cpus=0.25", "search.num_cpus=0.05", "scorer.num_cpus=0.1",
-        "learner.num_cpus_per_worker=0.25", "learner.micro_token_budget=2048", "learner.checkpoint_every=100"])
+        "learner.num_cpus_per_worker=0.25", "learner.micro_token_budget=2048", "learner.checkpoint_every=100",
+        "learner.lora.rank=8", "learner.lr=1e-4"])
     out = train(cfg)
     pipe = out["pipeline"]
     try:
@@ -101,3 +105,5 @@ def test_one_rl_step_on_smollm2(serve_http, smollm2, tmp_path):
     assert math.isfinite(row["pg_loss"]) and math.isfinite(row["grad_norm"]), row
     assert row["logprob_abs_diff_mean"] < 1e-2, row  # fp32 engine vs fp32 learner on the same weights
     assert (run / "policy" / "config.json").is_file()
+    adapter = json.loads((run / "policy" / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 8 and Path(adapter["base_model_name_or_path"]) == Path(cfg.model.path).resolve()
