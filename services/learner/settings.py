@@ -188,8 +188,7 @@ class LearnerConfig(Section):
             "tokens were sampled from, and the rollout asks vLLM for the same tempered log-probs "
             "(logprobs_mode=processed_logprobs; with rollout.top_p < 1 vLLM's are over the nucleus, the learner's "
             "over the whole vocabulary, as verl's). False: log-probs at temperature 1 whatever rollout.temperature "
-            "sampled at (this learner before 2026-12-06; `make run`'s gain at three starts is the same either way, "
-            "docs/experiments.md exp36). SFT and the scorer are unaffected."
+            "sampled at (the learner's earlier behaviour). SFT and the scorer are unaffected."
         ),
     )
     kl_type: Literal["low_var_kl", "k1", "k2"] = Field(

@@ -68,10 +68,10 @@ _ENTRIES = (
             ("rollout.memory_window=full", "algorithm.use_memory_reward=false"), True),
     Variant("mempo_ref", "MemPO with the reference's memory reward",
             ("scorer.filter_mode=independent", "scorer.average=geometric", "scorer.answer_template=reference"), False),
-    # exp27: each question's section of a memory credited with that question's own R_mem (shown answers)
+    # each question's section of a memory credited with that question's own R_mem (shown answers)
     Variant("mempo_q", "MemPO, per-question memory credit on shown answers",
             ("scorer.scored_answers=shown", "algorithm.mem_credit_scope=question"), False),
-    # a start of its own: a policy SFT-trained on memory contexts reads full histories badly (exp21/exp23)
+    # a start of its own: a policy SFT-trained on memory contexts reads full histories badly
     Variant("search_r1_own", "Search-R1-like GRPO from its own full-history SFT start",
             ("rollout.memory_window=full", "algorithm.use_memory_reward=false"), False, own_start=True),
 ) + tuple(Variant(name, title, (override,), default) for name, title, override, default in field_baselines(MempoConfig))
@@ -278,7 +278,7 @@ def startup_table(startup: dict) -> str:
 def with_compare_defaults(overrides: list[str]) -> list[str]:
     """``overrides`` behind compare's own defaults, so the user's win: no periodic evaluation during
     training (``train.eval_every=0``; the final held-out evaluation of every run is the comparison, and
-    the periodic one, on fewer prompts, cost about 6 of the long config's 97 minutes: exp25)."""
+    the periodic one, on fewer prompts, only adds minutes to every run)."""
     return ["train.eval_every=0", *overrides]
 
 
