@@ -35,7 +35,7 @@ def lr_warnings(cfg: MempoConfig, model_dir: str | Path, sft: bool) -> list[str]
     """The learning-rate warning for this phase (SFT or RL) of a pretrained model, or none."""
     setting = "learner.sft_lr" if sft else "learner.lr"
     lr = cfg.learner.sft_lr if sft else cfg.learner.lr
-    if cfg.learner.lora.rank > 0:  # the thresholds are full fine-tuning's; LoRA trains at rates ~10x higher
+    if cfg.learner.lora.rank > 0:  # the thresholds are full fine-tuning's; LoRA adapters train at higher rates
         return []
     try:
         n = param_count(model_dir)

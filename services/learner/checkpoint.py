@@ -88,8 +88,8 @@ def _check_kept(path: Path, meta: dict, kept: dict | None) -> None:
 
 
 def save_sharded(path: Path, model, optim, sched, step: int, rank: int, extra: dict, kept: dict | None = None) -> None:
-    """Collective: every rank calls it with the same ``path``. ``kept`` (LoRA: the adapter settings and
-    the base's path) makes the checkpoint hold the adapters only and is recorded in trainer.json."""
+    """Collective: every rank calls it with the same ``path``. ``kept`` (LoRA: the adapter settings) makes
+    the checkpoint hold the adapters only and is recorded in trainer.json."""
     import torch.distributed as dist  # torch.distributed on use (the FSDP ranks)
     import torch.distributed.checkpoint as dcp  # torch.distributed on use (the FSDP ranks)
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # (the same)

@@ -88,7 +88,7 @@ def gather(refs: list, what: str, grace_s: float, on_hung=None) -> list:
         stuck = sorted(rank_of[ref] for ref in pending)
         first.add_note(f"mempo: {what} failed on rank {first_rank} with every rank alive; rank(s) {stuck} had not "
                        f"answered {grace_s:g}s later (learner.fault_grace_s), most likely waiting in a collective "
-                       f"for it: the group is shut down")
+                       f"for it")
         if on_hung is not None:
             on_hung(stuck)
     raise first
@@ -116,7 +116,8 @@ class LearnerGroup:
         return gather(refs, method, self.cfg.learner.fault_grace_s, on_hung=self._hung)
 
     def _hung(self, ranks: list[int]) -> None:
-        log.error("learner group: a call failed on one rank while rank(s) %s hung; killing the group", ranks)
+        log.error("learner group: a call failed on one rank while rank(s) %s hung; killing the group (its next call "
+                  "rebuilds it)", ranks)
         self.kill()
 
     def kill(self) -> None:

@@ -65,7 +65,7 @@ def estimate_peak(hf, lc, world: int, dtype: torch.dtype, with_ref: bool, budget
     gathered = s["root"] + 2 * s["layer"]  # unsharded copies alive at once, per model
     # LoRA is counted as full fine-tuning, reference included: an upper bound (module docstring)
     states = s["params"] * 16 / world + gathered * cbytes * (2 if cbytes < 4 else 1)
-    if with_ref or getattr(getattr(lc, "lora", None), "rank", 0) > 0:
+    if with_ref or lc.lora.rank > 0:
         states += s["params"] * cbytes / world + gathered * cbytes
     per_layer = (ACT_H * s["h"] + ACT_I * s["inter"]) * cbytes  # bytes a token a layer
     act = budget * (s["layers"] * s["h"] * cbytes + AC_LAYERS * per_layer if ac else s["layers"] * per_layer)

@@ -30,7 +30,6 @@ import time
 import numpy as np
 import ray
 from ray import serve
-from ray.exceptions import RayActorError
 
 from services.common.codec import decode
 from services.common.config import MempoConfig, actor_options, replica_config
@@ -235,7 +234,7 @@ class LearnerService:
 
         try:
             return call()
-        except (RankLost, RayActorError) as e:  # a rank died, whichever rank's error came first (group.gather)
+        except RankLost as e:  # a rank died, whichever rank's error came first (group.gather)
             log.error("a learner worker died (%s during %s); rebuilding the group", e, what)
             t0 = time.perf_counter()
             resumed = self._rebuild_group()

@@ -258,11 +258,9 @@ class LearnerWorker:
         return path
 
     def _kept(self) -> dict | None:
-        """With LoRA, what a checkpoint holds of the model: the adapters (the base is ``model.path``), and
-        the settings that shape them, checked on resume."""
-        if self.lora is None:
-            return None
-        return {"lora": self.lora.model_dump(mode="json"), "model": self.model_dir}
+        """With LoRA, what a checkpoint holds of the model: the adapters (the base is ``model.path``), made
+        by these settings, checked on resume."""
+        return None if self.lora is None else {"lora": self.lora.model_dump(mode="json")}
 
     def load_checkpoint(self, path: str) -> dict:
         self.step, extra = load_sharded(Path(path), self.model, self.optim, self.sched, self.rank, self._kept())
