@@ -128,10 +128,16 @@ def _in_world(cfg: MempoConfig, name: str) -> Path:
 
 def model_path(cfg: MempoConfig) -> Path:
     """The policy model directory: the world's tiny model unless ``model.path`` names another. A folder
-    that ``mempo model`` writes (under .cache/models/) and that is missing is named with the command."""
+    that ``mempo model`` writes (under .cache/models/) and that is missing is named with the command. A
+    PEFT LoRA adapter folder (a LoRA run's ``policy/adapter``) gives its base with the adapter merged in
+    (made once, under .cache/models/merged/)."""
     if cfg.model.path == WORLD:
         return _in_world(cfg, "model")
     path = Path(cfg.model.path)
+    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        from services.common.lora import merged_policy  # torch, peft on use
+
+        return merged_policy(path)
     if path.parts[:2] == (".cache", "models") and not (path / "config.json").is_file():
         raise FileNotFoundError(f"model.path={path} is not there yet: `make model` writes SmolLM2-135M-Instruct "
                                 f"to .cache/models/ (`mempo model from-gguf FILE.gguf DIR` any GGUF file)")

@@ -68,7 +68,7 @@ def _model_state(model, kept: dict | None) -> dict:
     state = get_model_state_dict(model)
     if kept is None:
         return state
-    from services.learner.lora import is_adapter  # peft on use
+    from services.common.lora import is_adapter  # peft on use
 
     return {k: v for k, v in state.items() if is_adapter(k)}
 

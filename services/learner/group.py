@@ -156,9 +156,9 @@ class LearnerGroup:
         ref = ray.put(encode(batch))
         return self._combine(self._all("sft_step", ref))
 
-    def full_state_dict(self, merged: bool = True) -> dict:
-        """Rank 0's full state dict; with LoRA ``merged`` folds the adapters in (worker.full_state_dict)."""
-        return next(sd for sd in self._all("full_state_dict", merged) if sd is not None)
+    def full_state_dict(self, form: str = "merged") -> dict:
+        """Rank 0's state dict; with LoRA ``form`` is merged, peft or adapter (worker.full_state_dict)."""
+        return next(sd for sd in self._all("full_state_dict", form) if sd is not None)
 
     def param_digest(self) -> float:
         return self._all("param_digest")[0]
@@ -198,9 +198,9 @@ class LearnerGroup:
         if gen.is_file():
             shutil.copy(gen, tmp / "generation_config.json")
         if self.cfg.learner.lora.rank > 0:
-            from services.learner.lora import to_peft_folder  # peft on use
+            from services.common.lora import to_peft_folder  # peft on use
 
-            to_peft_folder(self.full_state_dict(merged=False), source_dir, self.cfg.learner.lora, str(tmp / "adapter"))
+            to_peft_folder(self.full_state_dict("peft"), source_dir, self.cfg.learner.lora, str(tmp / "adapter"))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)  # a finished export or the previous one, never a half-written directory
         return out_dir

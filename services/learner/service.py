@@ -123,7 +123,7 @@ class LearnerService:
         self.ledger = Ledger(self.cfg.train.run_dir)  # what each update trained (services/learner/ledger.py)
         self.ledger.start(self.step_no, self.group.param_digest(), "checkpoint" if resumed else "fresh")
         handles = publish_handles(self.cfg.learner.publish_to)
-        if self.cfg.learner.publish == "object_store":
+        if self.cfg.learner.publish == "object_store" or self.cfg.learner.lora.served_as_adapter:  # adapters: megabytes
             self.publisher = ObjectStorePublisher(handles)
         else:  # the group's listeners: loopback on one machine, this node's address on a cluster
             self.publisher = CollectivePublisher(handles, self.cfg.learner.publish, store_host(self.cfg.ray.address),
@@ -252,8 +252,10 @@ class LearnerService:
         return self.group.save_checkpoint(self.cfg.train.run_dir, self.step_no, {"version": self.version})
 
     def _full_state(self) -> dict:
-        """The policy's full state dict for publication, from a rebuilt group if a worker had died."""
-        return self._with_group("publication", lambda: self.group.full_state_dict())
+        """The policy's state dict for publication (with ``learner.lora.publish: adapter`` the adapters only),
+        from a rebuilt group if a worker had died."""
+        form = "adapter" if self.cfg.learner.lora.served_as_adapter else "merged"
+        return self._with_group("publication", lambda: self.group.full_state_dict(form))
 
     def _rebuild_group(self) -> int:
         """A fresh worker group at the latest complete checkpoint of the run; returns its step."""

@@ -113,13 +113,24 @@ class LoraConfig(Section):
             "a list of module names (e.g. [q_proj, v_proj]; each must name a linear layer of the model)."
         ),
     )
-    publish: Literal["merged"] = Field(
+    publish: Literal["merged", "adapter"] = Field(
         "merged",
         description=(
             "How a LoRA policy reaches the rollout and scorer replicas: merged = the adapters folded into the base "
-            "weights on rank 0 (W + alpha / rank * B A) and published as a full state dict, as without LoRA."
+            "weights on rank 0 (W + alpha / rank * B A) and published as a full state dict, as without LoRA; "
+            "adapter = the adapter tensors only (megabytes), by the object store: the rollout engine serves them "
+            "with vLLM's LoRA support (each policy version a new adapter, the previous one dropped; its "
+            "max_lora_rank from learner.lora.rank) and the scorer applies them with peft's layers. The replicas "
+            "start from the base (model.path) and keep it; an adapter costs extra compute per token in every "
+            "forward pass (bench/README.md measures both)."
         ),
     )
+
+
+    @property
+    def served_as_adapter(self) -> bool:
+        """Whether the replicas serve the policy as base + adapter (rank > 0 and publish: adapter)."""
+        return self.rank > 0 and self.publish == "adapter"
 
 
 class LearnerConfig(Section):

@@ -42,7 +42,7 @@ def load_model(model_dir: str, dtype: torch.dtype, mesh, device: str, frozen: bo
     root, with the chunked log-prob method installed (services/learner/logprobs.py). The trainable
     policy gets fp32 masters (module docstring); ``frozen`` loads in ``dtype``, without gradients.
     ``lora`` (``learner.lora`` with rank > 0): peft's LoRA layers are added before sharding and only
-    they train (services/learner/lora.py); each FSDP unit then holds frozen and trainable parameters."""
+    they train (services/common/lora.py); each FSDP unit then holds frozen and trainable parameters."""
     from torch.distributed.fsdp import fully_shard  # torch.distributed on use (the FSDP ranks)
     from transformers import AutoModelForCausalLM  # transformers on use
 
@@ -50,7 +50,7 @@ def load_model(model_dir: str, dtype: torch.dtype, mesh, device: str, frozen: bo
     load_dtype = dtype if frozen or mp is None else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=load_dtype).to(device)
     if lora is not None and not frozen:
-        from services.learner.lora import add_adapters  # peft on use (the FSDP ranks)
+        from services.common.lora import add_adapters  # peft on use (the FSDP ranks)
 
         add_adapters(model, lora)
     if activation_checkpointing and not frozen:

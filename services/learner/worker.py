@@ -196,7 +196,7 @@ class LearnerWorker:
         with LoRA the policy's base (its adapters off)."""
         if self.ref is not None:
             return [token_logprobs(self.ref, mb, chunk_tokens=chunk, temperature=temp)[0].cpu() for mb in micro]
-        from services.learner.lora import adapters_off  # peft on use
+        from services.common.lora import adapters_off  # peft on use
 
         with adapters_off(self.model):
             return [token_logprobs(self.model, mb, chunk_tokens=chunk, temperature=temp)[0].cpu() for mb in micro]
@@ -225,20 +225,25 @@ class LearnerWorker:
 
     # -- weights --------------------------------------------------------------------------------
 
-    def full_state_dict(self, merged: bool = True) -> dict | None:
-        """Collective: every rank must call it; rank 0 gets the full CPU state dict in ``model.dtype``
-        (what vLLM, the scorer and exports load; the fp32 masters stay here), others None. With LoRA,
-        ``merged`` folds the adapters into the base weights (the plain model's keys); unmerged, it holds
-        the base and the adapter tensors under peft's keys (for the PEFT export)."""
+    def full_state_dict(self, form: str = "merged") -> dict | None:
+        """Collective: every rank must call it; rank 0 gets the CPU state dict in ``model.dtype`` (what vLLM,
+        the scorer and exports load; the fp32 masters stay here), others None. With LoRA, ``form`` says
+        which: ``merged`` folds the adapters into the base weights (the plain model's keys), ``peft`` holds
+        the base and the adapter tensors under peft's keys (for the PEFT export), ``adapter`` the adapter
+        tensors only (``learner.lora.publish: adapter``)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # on use (see join)
 
+        if form not in ("merged", "peft", "adapter"):
+            raise ValueError(f"form must be merged, peft or adapter, got {form!r}")
+        if form == "adapter" and self.lora is None:
+            raise ValueError("an adapter-only state dict needs learner.lora.rank > 0")
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
             return None
-        if self.lora is not None and merged:
-            from services.learner.lora import merge_state  # peft on use
+        if self.lora is not None and form != "peft":
+            from services.common.lora import adapter_state, merge_state  # peft on use
 
-            sd = merge_state(sd, self.lora)
+            sd = merge_state(sd, self.lora) if form == "merged" else adapter_state(sd)
         dtype = model_dtype(self.cfg.model.dtype)
         return {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
 

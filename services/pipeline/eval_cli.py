@@ -29,8 +29,13 @@ def parse_policies(specs: list[str]) -> dict[str, str]:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"--policy {spec!r}: expected NAME=DIR")
+        if (Path(path) / "adapter_config.json").is_file() and not (Path(path) / "config.json").is_file():
+            from services.common.lora import merged_policy  # torch, peft on use
+
+            path = str(merged_policy(path, f"--policy {name}"))  # a LoRA adapter folder: merged into its base
         if not (Path(path) / "config.json").is_file():
-            raise FileNotFoundError(f"--policy {name}: {path} is not a Hugging Face model directory (no config.json)")
+            raise FileNotFoundError(f"--policy {name}: {path} is not a Hugging Face model directory (no config.json) "
+                                    "nor a PEFT LoRA adapter folder (adapter_config.json)")
         if name in out:
             raise ValueError(f"--policy {name} given twice")
         out[name] = path

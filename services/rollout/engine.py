@@ -11,8 +11,14 @@ Version policy (a turn is generated wholly by one version):
   and the gate opens. An episode in flight thus continues on the new version from its next turn,
   and every ``TurnRecord.policy_version`` is exact.
 
+With ``learner.lora.publish: adapter`` the engine keeps the base weights (``model.path``) and serves the
+policy as a LoRA adapter (vLLM's LoRA support, ``max_lora_rank`` from ``learner.lora.rank``): an update
+is the adapter tensors, written as a PEFT folder in the same RAM-backed folder and added as a new adapter
+id (step 3); every turn after the gate carries it; the previous adapter is removed, and its folder
+deleted, once no turn uses it.
+
 A dead engine (its process killed or crashed: ``EngineDeadError``) is restarted in place by
-``ensure_alive`` with the policy it held (the last update's weights are still in that folder); the
+``ensure_alive`` with the policy it held (the last update's weights or adapter are still in that folder); the
 rollout service calls it before each call, so a call that failed on the dead engine is retried by
 the driver on the same replica and the same policy version.
 
@@ -53,6 +59,15 @@ class TurnOutput:
 _OURS = "MEMPO_OMP_THREADS_SET"  # marks the OpenMP settings below as set by this module, not the user
 
 
+def lora_slot_rank(rank: int) -> int:
+    """vLLM's ``max_lora_rank`` for adapters of ``rank``: the smallest rank it has kernels for that holds it."""
+    for r in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= r:
+            return r
+    raise ValueError(f"learner.lora.rank={rank}: vLLM serves adapters up to rank 512; "
+                     "use learner.lora.publish=merged for a larger rank")
+
+
 def cpu_threads(cfg: MempoConfig) -> int:
     """OpenMP threads for a CPU engine (``engine.cpu_threads``): 0 means vLLM's own binding."""
     n = cfg.engine.cpu_threads
@@ -77,6 +92,14 @@ class PolicyEngine:
         self._folder_version = 0
         self.last_restart_s = 0.0
         self._staged = None  # (version, plan) of a collective broadcast received, not yet committed
+        # learner.lora.publish=adapter: the base stays, the policy is an adapter (vLLM LoRARequest) on it
+        self.lora = cfg.learner.lora if cfg.learner.lora.served_as_adapter else None
+        self.adapter = None  # the LoRARequest every new turn carries; None = the weights alone
+        self._adapter_ids = 0
+        if self.lora is not None:
+            from services.common.lora import adapter_shapes  # peft on use
+
+            self.expected_adapters = adapter_shapes(str(self.model_dir), self.lora)
         self.engine = self._start()
 
     def _start(self):
@@ -107,12 +130,21 @@ class PolicyEngine:
             extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(e.max_model_len, 8192)}
         if self.cfg.learner.tempered_logprobs:  # log-probs of the distribution sampled from, as the learner's
             extra["logprobs_mode"] = "processed_logprobs"
+        if self.lora is not None:
+            extra.update(enable_lora=True, max_lora_rank=lora_slot_rank(self.lora.rank), max_loras=1)
         args = AsyncEngineArgs(model=str(self.model_dir), dtype=dtype, max_model_len=e.max_model_len,
                                gpu_memory_utilization=e.gpu_memory_utilization, enforce_eager=e.enforce_eager,
                                seed=e.seed, max_num_seqs=e.max_num_seqs, disable_log_stats=True,
                                worker_extension_cls="services.rollout.vllm_ext.WeightSyncExtension", **extra)
         t0 = time.perf_counter()
-        engine = AsyncLLM.from_engine_args(args)
+        try:
+            engine = AsyncLLM.from_engine_args(args)
+        except Exception as err:
+            if self.lora is None:
+                raise
+            raise RuntimeError(f"learner.lora.publish=adapter: vLLM could not start {self.model_dir} with LoRA "
+                               f"(rank {self.lora.rank}): {err}. Use learner.lora.publish=merged (the adapters "
+                               "folded into the weights) for a model or engine without LoRA support") from err
         log.info("vLLM engine up on %s in %.1fs", self.model_dir, time.perf_counter() - t0)
         return engine
 
@@ -152,6 +184,8 @@ class PolicyEngine:
                 self.engine = await asyncio.to_thread(self._start)
                 if (self._weights_dir / "model.safetensors").is_file():
                     await self._load_weights_folder()
+                if self.adapter is not None:  # the adapter's folder is still there
+                    await self.engine.add_lora(self.adapter)
                 # the folder's policy, or model.path's (0); a set that came by the collective is gone with
                 # the engine, and the learner's next sync sees this replica behind and publishes again
                 self.version = self._folder_version
@@ -171,13 +205,13 @@ class PolicyEngine:
         from vllm.inputs import TokensPrompt  # imported by start() already; see there
 
         await self._gate.wait()
-        version = self.version  # no await between the gate and registering as running
+        version, adapter = self.version, self.adapter  # no await between the gate and registering as running
         self._running += 1
         t0 = time.perf_counter()
         try:
             final = None
             async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params,
-                                                  request_id or uuid.uuid4().hex):
+                                                  request_id or uuid.uuid4().hex, lora_request=adapter):
                 final = out
         finally:
             async with self._idle:
@@ -189,7 +223,10 @@ class PolicyEngine:
         return TurnOutput(ids, lps, o.finish_reason or "stop", version, time.perf_counter() - t0)
 
     async def update_weights(self, tensors: dict[str, torch.Tensor], version: int) -> float:
-        """Swap in ``tensors`` as policy ``version`` (see the module docstring); returns seconds."""
+        """Swap in ``tensors`` (the weights, or with ``learner.lora.publish: adapter`` the adapter tensors) as
+        policy ``version`` (see the module docstring); returns seconds."""
+        if self.lora is not None:
+            return await self._update_adapter(tensors, version)
         tensors = validate_weights(tensors, self.expected)
         await self.ensure_alive()
 
@@ -199,6 +236,30 @@ class PolicyEngine:
             await asyncio.to_thread(save_file, cpu, str(self._weights_dir / "model.safetensors"))
             self._folder_version = version
             await self._load_weights_folder()
+
+        return await self._swap(load, version)
+
+    async def _update_adapter(self, tensors: dict[str, torch.Tensor], version: int) -> float:
+        from vllm.lora.request import LoRARequest  # imported by start() already; see there
+
+        from services.common.lora import check_adapters, to_peft_folder  # peft on use
+
+        check_adapters(tensors, self.expected_adapters, self.lora)
+        await self.ensure_alive()
+
+        async def load():
+            self._adapter_ids += 1
+            folder = self._weights_dir / f"adapter-{self._adapter_ids}"
+            cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+            await asyncio.to_thread(to_peft_folder, cpu, str(self.model_dir), self.lora, str(folder))
+            request = LoRARequest(f"policy-{os.getpid()}-{self._adapter_ids}", self._adapter_ids, str(folder))
+            await self.engine.add_lora(request)
+            old, self.adapter = self.adapter, request
+            self._folder_version = version
+            if old is not None:  # no turn runs now (the gate): nothing reads it any more
+                await self.engine.remove_lora(old.lora_int_id)
+                shutil.rmtree(old.lora_path, ignore_errors=True)
+            await self.engine.reset_prefix_cache()
 
         return await self._swap(load, version)
 
@@ -261,3 +322,14 @@ class PolicyEngine:
             self.engine.shutdown()
         except Exception:  # already gone
             pass
+
+
+def close_engine(engine: PolicyEngine, loop: asyncio.AbstractEventLoop) -> None:
+    """Shut down an engine driven from ``loop`` by hand (benches, tests): the engine, then the loop's
+    pending tasks (vLLM's output handler), then the loop."""
+    engine.shutdown()
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()

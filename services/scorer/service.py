@@ -112,12 +112,18 @@ class ScoreResponse(BaseModel):
 document_body(app, "/score", TextScoreRequest, TokenScoreRequest)
 
 
-def _load_model(path: str, dtype: str):
+def _load_model(path: str, dtype: str, lora=None):
+    """The policy's model; with ``lora`` (``learner.lora.publish: adapter``) peft's LoRA layers on it, zero
+    until the first adapter arrives (the base policy), as the learner's."""
     # transformers, and the modules that import it, in the replica only: the driver imports this
     # module for deployment_options (`mempo plan`, the resource check)
     from transformers import AutoModelForCausalLM  # transformers
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=model_dtype(dtype), attn_implementation="sdpa")
+    if lora is not None:
+        from services.common.lora import add_adapters  # peft on use
+
+        add_adapters(model, lora)
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
@@ -132,7 +138,9 @@ class ScorerService:
         self.cfg = MempoConfig.model_validate(config)
         self.model_dir = str(model_path(self.cfg))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.scorer = MemoryScorer(_load_model(self.model_dir, self.cfg.model.dtype), self.tokenizer, self.cfg)
+        self.lora = self.cfg.learner.lora if self.cfg.learner.lora.served_as_adapter else None
+        self.scorer = MemoryScorer(_load_model(self.model_dir, self.cfg.model.dtype, self.lora), self.tokenizer,
+                                   self.cfg)
         self.version = 0
         s = self.cfg.scorer
         self.gate = Gate(s.max_queued_requests, s.max_concurrent_requests, s.queue_timeout_s)
@@ -167,10 +175,17 @@ class ScorerService:
         return await self._load(update.tensors, update.version)
 
     async def _load(self, tensors: dict, version: int) -> dict:
+        """Load the weights (or with ``learner.lora.publish: adapter`` the adapter tensors) as ``version``."""
         model = self.scorer.model
-        tied = model.config.tie_word_embeddings
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
-        tensors = validate_weights(tensors, expected)
+        if self.lora is not None:
+            from services.common.lora import check_adapters, is_adapter  # peft on use
+
+            check_adapters(tensors, {k: tuple(p.shape) for k, p in model.named_parameters() if is_adapter(k)}, self.lora)
+        else:
+            tied = model.config.tie_word_embeddings
+            expected = {k: tuple(v.shape) for k, v in model.state_dict().items()
+                        if not (tied and k == "lm_head.weight")}
+            tensors = validate_weights(tensors, expected)
         t0 = time.perf_counter()
         async with self.gate.exclusive():  # no request is scored half with the old weights, half with the new
             model.load_state_dict(tensors, strict=False)

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from services.learner.checkpoint import step_dir
 from services.learner.group import LearnerGroup
-from services.learner.lora import is_adapter
+from services.common.lora import is_adapter
 
 pytestmark = pytest.mark.slow
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": "all-linear"}
@@ -35,10 +35,11 @@ def test_a_lora_step_moves_only_the_adapters_and_w2_equals_w1(ray_cluster, setup
             first = group.train_step(tb)
             assert first["kl"] == pytest.approx(0.0, abs=1e-9)  # B = 0: the policy is the base, its reference
             second = group.train_step(tb)
-            out[w] = (first, second, group.full_state_dict(merged=False), group.full_state_dict())
+            out[w] = (first, second, group.full_state_dict("peft"), group.full_state_dict(),
+                      group.full_state_dict("adapter"))
         finally:
             group.shutdown()
-    (f1, s1, raw1, merged1), (f2, s2, raw2, merged2) = out[1], out[2]
+    (f1, s1, raw1, merged1, adapters1), (f2, s2, raw2, merged2, _) = out[1], out[2]
     assert s1["kl"] > 0  # the first update moved the policy off its base (its reference)
     assert f1["pg_loss"] == pytest.approx(f2["pg_loss"], rel=1e-5, abs=1e-7)
     for k, v in raw1.items():
@@ -47,6 +48,9 @@ def test_a_lora_step_moves_only_the_adapters_and_w2_equals_w1(ray_cluster, setup
         elif k.replace(".base_layer.", ".") in init:  # the base is frozen: bit-equal to the model's file
             assert torch.equal(v, init[k.replace(".base_layer.", ".")]), k
     assert any(float(v.abs().max()) > 0 for k, v in raw1.items() if ".lora_B." in k)
+    # learner.lora.publish=adapter sends the adapters alone, as trained
+    assert set(adapters1) == {k for k in raw1 if is_adapter(k)}
+    assert all(torch.equal(v, raw1[k]) for k, v in adapters1.items())
     assert set(init) <= set(merged1) and not any("lora_" in k or "base_layer" in k for k in merged1)
     assert max(float((merged1[k] - init[k]).abs().max()) for k in init) > 1e-5  # the merge carries the update
 
@@ -61,7 +65,7 @@ def test_a_lora_checkpoint_holds_the_adapters_and_resumes_bit_exactly(ray_cluste
     try:
         for _ in range(3):
             ref.train_step(tb)
-        expected = (ref.full_state_dict(merged=False), ref.optimizer_digest())
+        expected = (ref.full_state_dict("peft"), ref.optimizer_digest())
     finally:
         ref.shutdown()
     run = str(tmp_path / "run")
@@ -81,7 +85,7 @@ def test_a_lora_checkpoint_holds_the_adapters_and_resumes_bit_exactly(ray_cluste
         assert second.resume(run)["step"] == 1
         for _ in range(2):
             second.train_step(tb)
-        got = (second.full_state_dict(merged=False), second.optimizer_digest())
+        got = (second.full_state_dict("peft"), second.optimizer_digest())
     finally:
         second.shutdown()
     if before == after:  # the same reductions in the same order: bit-exact

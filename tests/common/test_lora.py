@@ -1,4 +1,4 @@
-"""LoRA on the learner's policy (services/learner/lora.py), without FSDP: peft's layers on the world's
+"""LoRA on the learner's policy (services/common/lora.py), without FSDP: peft's layers on the world's
 tiny model, the merge against peft's own ``merge_and_unload``, the PEFT folder read back by peft, the
 adapters switched off giving the base, and the error for a target the model lacks."""
 
@@ -8,7 +8,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from services.common.config import load_config
-from services.learner import lora as L
+from services.common import lora as L
 
 
 def _lora(**kw):
@@ -79,3 +79,30 @@ def test_a_target_the_model_lacks_is_an_error_naming_its_linear_layers(world):
     model = AutoModelForCausalLM.from_pretrained(world / "model", dtype=torch.float32)
     with pytest.raises(ValueError, match=r"learner.lora.target_modules=\['c_attn'\].*q_proj"):
         L.add_adapters(model, _lora(target_modules="[c_attn]"))
+
+
+def test_model_path_naming_an_adapter_folder_serves_it_merged_into_its_base(world, tmp_path, monkeypatch):
+    """model.path (or --policy) may name a LoRA run's policy/adapter: the engines and the scorer load its
+    base with the adapter merged in, made once and reused; an adapter whose base is not here is named."""
+    import json
+
+    from services.common.paths import model_path
+
+    lora = _lora()
+    model = _with_adapters(world, lora, seed=6)
+    adapter = L.to_peft_folder(model.state_dict(), str(world / "model"), lora, str(tmp_path / "adapter"))
+    monkeypatch.chdir(tmp_path)  # the merged folder goes under ./.cache/models/merged
+    assert L.is_adapter_folder(adapter)
+    cfg = load_config(None, [f"model.path={adapter}"])
+    merged = model_path(cfg)
+    assert merged.parent.resolve() == tmp_path / ".cache/models/merged" and (merged / "tokenizer.json").is_file()
+    stamp = (merged / "model.safetensors").stat().st_mtime_ns
+    assert model_path(cfg) == merged and (merged / "model.safetensors").stat().st_mtime_ns == stamp  # reused
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
+    loaded = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
+    assert (torch.log_softmax(_logits(loaded, ids), -1) - torch.log_softmax(_logits(model, ids), -1)).abs().max() < 1e-4
+
+    meta = json.loads((tmp_path / "adapter/adapter_config.json").read_text())
+    (tmp_path / "adapter/adapter_config.json").write_text(json.dumps({**meta, "base_model_name_or_path": "/nowhere"}))
+    with pytest.raises(FileNotFoundError, match=r"model.path=.*base_model_name_or_path='/nowhere'"):
+        model_path(cfg)

@@ -1,9 +1,12 @@
-"""LoRA adapters on the learner's policy (``learner.lora``), with peft's LoRA layers.
+"""LoRA adapters of the policy (``learner.lora``), with peft's LoRA layers: trained by the learner, served
+by the rollout engine and the scorer when ``learner.lora.publish`` is ``adapter``.
 
-    add_adapters(model, cfg.learner.lora)     # in place, before fully_shard: peft's LoRA layers, base frozen
+    add_adapters(model, cfg.learner.lora)     # in place (learner: before fully_shard): peft's LoRA layers, base frozen
     with adapters_off(model): ...             # the base policy: the KL term's reference, no second copy
     merged = merge_state(full_state, lora)    # rank 0: the base weights with the adapters folded in (HF keys)
     to_peft_folder(full_state, source, lora, out)   # a folder PeftModel.from_pretrained(base, out) loads
+    adapters = adapter_state(full_state)      # the adapter tensors only: what ``publish: adapter`` sends
+    check_adapters(adapters, adapter_shapes(source, lora), lora)   # a replica's check before loading them
 
 The adapters are peft's (``get_peft_model``); the model keeps its Hugging Face class, so sharding
 (services/learner/shard.py) and the chunked log-probs (services/learner/logprobs.py) see the same
@@ -110,6 +113,38 @@ def merge_state(state: dict[str, torch.Tensor], lora) -> dict[str, torch.Tensor]
     return out
 
 
+def adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter tensors of a state dict of the model with adapters (peft's keys, ``...lora_A.default.weight``)."""
+    return {k: v for k, v in state.items() if is_adapter(k)}
+
+
+def adapter_shapes(source_dir: str, lora) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the adapter tensors ``lora`` makes on the model of ``source_dir`` (built on the
+    meta device: nothing is read but the config)."""
+    from peft import get_peft_model  # peft on use
+    from transformers import AutoConfig, AutoModelForCausalLM  # transformers on use
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source_dir))
+        check_targets(base, lora)
+        model = get_peft_model(base, peft_config(lora)).base_model.model
+    return {k: tuple(p.shape) for k, p in model.named_parameters() if is_adapter(k)}
+
+
+def check_adapters(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], lora) -> None:
+    """Reject an adapter set a replica cannot load as the policy: other modules than ``learner.lora`` makes
+    on this model, or another rank (an adapter trained with other settings than this replica was started
+    with). The error names the settings."""
+    missing, unknown = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    if missing or unknown:
+        raise ValueError(f"adapter tensors differ from what learner.lora (target_modules={lora.target_modules}) "
+                         f"makes on this model: missing {missing[:3]}, unknown {unknown[:3]}")
+    for k, t in tensors.items():
+        if tuple(t.shape) != expected[k]:
+            raise ValueError(f"{k}: shape {tuple(t.shape)}, this replica serves learner.lora.rank={lora.rank} "
+                             f"(shape {expected[k]}): the learner and the replicas must run one config")
+
+
 def to_peft_folder(state: dict[str, torch.Tensor], source_dir: str, lora, out_dir: str) -> str:
     """Write the adapters of ``state`` (a full state dict of the model with adapters) as a PEFT folder
     (adapter_config.json, adapter_model.safetensors) whose base is ``source_dir``: what
@@ -129,3 +164,57 @@ def to_peft_folder(state: dict[str, torch.Tensor], source_dir: str, lora, out_di
     peft_model.base_model.model.load_state_dict(adapters, strict=False, assign=True)
     peft_model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
+
+
+def is_adapter_folder(path) -> bool:
+    """A PEFT adapter folder (adapter_config.json, no config.json of its own), as ``to_peft_folder`` writes."""
+    p = Path(path)
+    return (p / "adapter_config.json").is_file() and not (p / "config.json").is_file()
+
+
+def merged_policy(adapter_dir, setting: str = "model.path", cache_dir: str = ".cache/models/merged") -> Path:
+    """The Hugging Face folder of a PEFT LoRA adapter folded into its base (``base_model_name_or_path``), made
+    once per adapter and base (under ``cache_dir``, keyed by their bytes and path) and reused: what the
+    engines and the scorer load when ``setting`` names an adapter folder. Errors name ``setting``."""
+    import hashlib
+    import json
+    import os
+    import shutil
+
+    adapter_dir = Path(adapter_dir)
+    try:
+        meta = json.loads((adapter_dir / "adapter_config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{setting}={adapter_dir}: adapter_config.json is not readable JSON ({e})") from None
+    if meta.get("peft_type") != "LORA":
+        raise ValueError(f"{setting}={adapter_dir}: a {meta.get('peft_type')!r} adapter; only LoRA adapters are served")
+    base = Path(str(meta.get("base_model_name_or_path") or ""))
+    if not (base / "config.json").is_file():
+        raise FileNotFoundError(f"{setting}={adapter_dir}: its base (adapter_config.json base_model_name_or_path="
+                                f"{str(base)!r}) is not a model folder on this machine; set base_model_name_or_path "
+                                "to the folder of the model it was trained on")
+    weights = sorted(adapter_dir.glob("adapter_model.*"))
+    if not weights:
+        raise FileNotFoundError(f"{setting}={adapter_dir}: no adapter_model.safetensors")
+    h = hashlib.sha256(str(base.resolve()).encode())
+    for f in [adapter_dir / "adapter_config.json", *weights]:
+        h.update(f.read_bytes())
+    out = Path(cache_dir) / h.hexdigest()[:16]
+    if (out / "config.json").is_file():
+        return out
+    from peft import PeftModel  # peft on use
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # transformers on use
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
+    try:
+        model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    except (RuntimeError, ValueError, KeyError) as e:  # shapes or module names of another model
+        raise ValueError(f"{setting}={adapter_dir}: the adapter does not fit its base {base} ({e})") from None
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    model.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+    try:
+        tmp.rename(out)  # atomic: another process merging the same adapter meanwhile made the same folder
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
