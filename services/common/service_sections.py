@@ -1,6 +1,6 @@
 """The config sections a service's replicas read, derived from what its package declares.
 
-    sections_read("rollout")   # (..., 'world', 'ray', 'learner.tempered_logprobs')
+    sections_read("rollout")   # (..., 'world', 'ray', 'learner.tempered_logprobs', 'learner.lora')
     sections_read("learner")   # None: every section
 
 A service package owns the sections its ``settings.py`` defines (services/common/config.py composes

@@ -15,8 +15,9 @@ from services.common.config_fields import CustomResources, PositiveInt, Section
 
 # Besides its own section: the policy and engine it runs, the search section (the client's topk,
 # timeouts and passage format), the world (a path still named 'world'), ray (call timeouts), and whether the
-# learner tempers its log-probs (the engine then returns tempered ones too).
-READS = ("model", "engine", "search", "world", "ray", "learner.tempered_logprobs")
+# learner tempers its log-probs (the engine then returns tempered ones too), and its LoRA settings (served
+# as an adapter with learner.lora.publish=adapter).
+READS = ("model", "engine", "search", "world", "ray", "learner.tempered_logprobs", "learner.lora")
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a search agent. Answer the user's question(s) by searching a knowledge base. "

@@ -16,8 +16,9 @@ from services.common.memory_reward import AVERAGES, FILTERS  # the reward-rule r
 from services.common.turn_format import answer_continuation
 
 # Besides its own section: the policy and engine it scores with, the rollout's system prompt (the REST
-# default), the world (a path still named 'world'), ray (call timeouts).
-READS = ("model", "engine", "rollout.system_prompt", "world", "ray")
+# default), the world (a path still named 'world'), ray (call timeouts), the learner's LoRA settings (its
+# adapters applied with learner.lora.publish=adapter).
+READS = ("model", "engine", "rollout.system_prompt", "world", "ray", "learner.lora")
 
 # The answer continuation appended to both the memory and the full context when scoring a <mem>
 # block (docs/algorithm.md, section 4). ``{gold}`` is replaced by the gold answer(s). The default is the

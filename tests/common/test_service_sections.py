@@ -51,8 +51,10 @@ def covered(read: str, keep: tuple[str, ...] | None) -> bool:
 
 def test_each_service_reads_what_its_package_declares():
     assert sections_read("search_tool") == ("search", "world", "ray")
-    assert sections_read("rollout") == ("rollout", "model", "engine", "search", "world", "ray", "learner.tempered_logprobs")
-    assert sections_read("scorer") == ("scorer", "model", "engine", "rollout.system_prompt", "world", "ray")
+    assert sections_read("rollout") == ("rollout", "model", "engine", "search", "world", "ray", "learner.tempered_logprobs",
+                                         "learner.lora")
+    assert sections_read("scorer") == ("scorer", "model", "engine", "rollout.system_prompt", "world", "ray",
+                                       "learner.lora")
     assert sections_read("learner") is None  # every section: any change restarts it
     with pytest.raises(ValueError, match="unknown service package 'critic'"):
         sections_read("critic")
