@@ -103,3 +103,25 @@ def test_the_slot_rank_is_the_smallest_vllm_serves():
     assert [lora_slot_rank(r) for r in (1, 2, 8, 9, 16, 300, 512)] == [1, 8, 8, 16, 16, 320, 512]
     with pytest.raises(ValueError, match="learner.lora.rank=600"):
         lora_slot_rank(600)
+
+
+def test_an_engine_restarted_in_place_serves_the_adapter_it_held(lora_engine, grammar_model):
+    """The fault path of a replica in adapter mode: its vLLM process killed, ``ensure_alive`` restarts it on the
+    base and re-adds the adapter of the version it held; the same greedy tokens and log-probs come back."""
+    import os
+    import signal
+    import time
+
+    engine, cfg, loop = lora_engine
+    version = engine.version + 1
+    loop.run_until_complete(engine.update_weights(_adapters(grammar_model, cfg.learner.lora, 7), version))
+    ids = [1, 5, 9, 14, 22, 40]
+    before = _greedy(engine, loop, ids)
+    os.kill(engine.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not engine.engine.errored and time.monotonic() < deadline:
+        loop.run_until_complete(asyncio.sleep(0.5))
+    assert loop.run_until_complete(engine.ensure_alive())
+    after = _greedy(engine, loop, ids)
+    assert after.version == version and after.token_ids == before.token_ids
+    np.testing.assert_allclose(after.logprobs, before.logprobs, atol=1e-5)
