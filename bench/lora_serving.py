@@ -34,21 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def _policies(model_dir: str, lora, repeats: int):
     """``repeats`` (adapters, merged state dict) pairs of seeded random adapters on the model."""
     import torch
-    from safetensors.torch import load_file
 
     from services.common.lora import adapter_shapes, merge_state
+    from services.pipeline.apps import load_hf_state
 
     shapes = adapter_shapes(model_dir, lora)
-    base = {}
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        base.update(load_file(str(f)))
+    base = load_hf_state(model_dir)
     out = []
     for seed in range(repeats):
         g = torch.Generator().manual_seed(seed)
         adapters = {k: 0.02 * torch.randn(s, generator=g) for k, s in shapes.items()}
-        mods = {k.split(".lora_")[0] for k in adapters}
-        peft = {(k[:-7] + ".base_layer.weight" if k[:-7] in mods else k): v for k, v in base.items()}
-        out.append((adapters, merge_state({**peft, **adapters}, lora)))
+        out.append((adapters, merge_state({**base, **adapters}, lora)))
     return out
 
 

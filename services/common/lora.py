@@ -21,7 +21,11 @@ layers only): tests/learner/test_lora.py checks it against peft's ``merge_and_un
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -92,7 +96,8 @@ def adapters_off(model):
 def merge_state(state: dict[str, torch.Tensor], lora) -> dict[str, torch.Tensor]:
     """The full state dict of a model with adapters, as the plain model's: each ``X.base_layer.*`` becomes
     ``X.*`` with the adapter folded into the weight, ``W + (alpha / r) * B @ A`` (computed in fp32, cast
-    back to W's dtype). Raises if an adapter's A or B is missing."""
+    back to W's dtype). The base may also come under the plain model's keys (``X.weight`` beside the
+    adapters: a model folder's tensors plus published adapters). Raises if an adapter's A or B is missing."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     out: dict[str, torch.Tensor] = {}
     for k, v in state.items():
@@ -118,16 +123,20 @@ def adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if is_adapter(k)}
 
 
-def adapter_shapes(source_dir: str, lora) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the adapter tensors ``lora`` makes on the model of ``source_dir`` (built on the
-    meta device: nothing is read but the config)."""
+def _peft_on_meta(source_dir: str, lora, dtype: torch.dtype | None = None):
+    """peft's model of ``lora`` on the model of ``source_dir``, on the meta device (only the config is read)."""
     from peft import get_peft_model  # peft on use
     from transformers import AutoConfig, AutoModelForCausalLM  # transformers on use
 
     with torch.device("meta"):
-        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source_dir))
+        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source_dir), dtype=dtype)
         check_targets(base, lora)
-        model = get_peft_model(base, peft_config(lora)).base_model.model
+        return get_peft_model(base, peft_config(lora))
+
+
+def adapter_shapes(source_dir: str, lora) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the adapter tensors ``lora`` makes on the model of ``source_dir``."""
+    model = _peft_on_meta(source_dir, lora).base_model.model
     return {k: tuple(p.shape) for k, p in model.named_parameters() if is_adapter(k)}
 
 
@@ -149,15 +158,10 @@ def to_peft_folder(state: dict[str, torch.Tensor], source_dir: str, lora, out_di
     """Write the adapters of ``state`` (a full state dict of the model with adapters) as a PEFT folder
     (adapter_config.json, adapter_model.safetensors) whose base is ``source_dir``: what
     ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(source_dir), out_dir)`` loads."""
-    from peft import get_peft_model  # peft on use
-    from transformers import AutoConfig, AutoModelForCausalLM  # transformers on use
-
-    dtype = next((v.dtype for k, v in state.items() if is_adapter(k)), torch.float32)
+    adapters = adapter_state(state)
+    dtype = next(iter(adapters.values())).dtype if adapters else torch.float32
     source = str(Path(source_dir).resolve())  # the adapter's base_model_name_or_path: absolute, wherever it is read
-    with torch.device("meta"):
-        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=dtype)
-    peft_model = get_peft_model(base, peft_config(lora))
-    adapters = {k: v for k, v in state.items() if is_adapter(k)}
+    peft_model = _peft_on_meta(source, lora, dtype)
     missing = [k for k, p in peft_model.base_model.model.named_parameters() if is_adapter(k) and k not in adapters]
     if missing:
         raise KeyError(f"the state dict lacks adapters the config makes: {missing[:3]}")
@@ -166,21 +170,10 @@ def to_peft_folder(state: dict[str, torch.Tensor], source_dir: str, lora, out_di
     return out_dir
 
 
-def is_adapter_folder(path) -> bool:
-    """A PEFT adapter folder (adapter_config.json, no config.json of its own), as ``to_peft_folder`` writes."""
-    p = Path(path)
-    return (p / "adapter_config.json").is_file() and not (p / "config.json").is_file()
-
-
 def merged_policy(adapter_dir, setting: str = "model.path", cache_dir: str = ".cache/models/merged") -> Path:
     """The Hugging Face folder of a PEFT LoRA adapter folded into its base (``base_model_name_or_path``), made
     once per adapter and base (under ``cache_dir``, keyed by their bytes and path) and reused: what the
     engines and the scorer load when ``setting`` names an adapter folder. Errors name ``setting``."""
-    import hashlib
-    import json
-    import os
-    import shutil
-
     adapter_dir = Path(adapter_dir)
     try:
         meta = json.loads((adapter_dir / "adapter_config.json").read_text())

@@ -126,6 +126,12 @@ def _in_world(cfg: MempoConfig, name: str) -> Path:
     return path / name
 
 
+def is_adapter_folder(path) -> bool:
+    """A PEFT adapter folder (adapter_config.json, no config.json of its own), as a LoRA run exports."""
+    p = Path(path)
+    return (p / "adapter_config.json").is_file() and not (p / "config.json").is_file()
+
+
 def model_path(cfg: MempoConfig) -> Path:
     """The policy model directory: the world's tiny model unless ``model.path`` names another. A folder
     that ``mempo model`` writes (under .cache/models/) and that is missing is named with the command. A
@@ -134,7 +140,7 @@ def model_path(cfg: MempoConfig) -> Path:
     if cfg.model.path == WORLD:
         return _in_world(cfg, "model")
     path = Path(cfg.model.path)
-    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+    if is_adapter_folder(path):
         from services.common.lora import merged_policy  # torch, peft on use
 
         return merged_policy(path)

@@ -68,9 +68,9 @@ def _model_state(model, kept: dict | None) -> dict:
     state = get_model_state_dict(model)
     if kept is None:
         return state
-    from services.common.lora import is_adapter  # peft on use
+    from services.common.lora import adapter_state  # peft on use
 
-    return {k: v for k, v in state.items() if is_adapter(k)}
+    return adapter_state(state)
 
 
 def _check_kept(path: Path, meta: dict, kept: dict | None) -> None:

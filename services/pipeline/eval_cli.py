@@ -11,7 +11,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from services.common.config import MempoConfig
-from services.common.paths import corpus_needed
+from services.common.paths import corpus_needed, is_adapter_folder
 from services.pipeline.report import diagnostics_table, markdown_table, pairs_table, write_report
 from services.pipeline.view import write_view
 
@@ -29,7 +29,7 @@ def parse_policies(specs: list[str]) -> dict[str, str]:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"--policy {spec!r}: expected NAME=DIR")
-        if (Path(path) / "adapter_config.json").is_file() and not (Path(path) / "config.json").is_file():
+        if is_adapter_folder(path):
             from services.common.lora import merged_policy  # torch, peft on use
 
             path = str(merged_policy(path, f"--policy {name}"))  # a LoRA adapter folder: merged into its base

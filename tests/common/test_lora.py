@@ -86,13 +86,13 @@ def test_model_path_naming_an_adapter_folder_serves_it_merged_into_its_base(worl
     base with the adapter merged in, made once and reused; an adapter whose base is not here is named."""
     import json
 
-    from services.common.paths import model_path
+    from services.common.paths import is_adapter_folder, model_path
 
     lora = _lora()
     model = _with_adapters(world, lora, seed=6)
     adapter = L.to_peft_folder(model.state_dict(), str(world / "model"), lora, str(tmp_path / "adapter"))
     monkeypatch.chdir(tmp_path)  # the merged folder goes under ./.cache/models/merged
-    assert L.is_adapter_folder(adapter)
+    assert is_adapter_folder(adapter)
     cfg = load_config(None, [f"model.path={adapter}"])
     merged = model_path(cfg)
     assert merged.parent.resolve() == tmp_path / ".cache/models/merged" and (merged / "tokenizer.json").is_file()

@@ -49,9 +49,7 @@ def test_an_adapter_scores_as_its_merged_weights(lora_scorer, scorer_service, gr
     assert np.abs(np.subtract(after["mem_logprobs"], base["mem_logprobs"])).max() > 1e-2
 
     original = load_file(str(grammar_model / "model.safetensors"))
-    peft_keys = {(k[:-len(".weight")] + ".base_layer.weight" if k[:-len(".weight")] + ".lora_A.default.weight"
-                  in adapters else k): v for k, v in original.items()}
-    merged = merge_state({**peft_keys, **adapters}, lora)
+    merged = merge_state({**original, **adapters}, lora)  # the plain weights with the adapters folded in
     version = plain["policy_version"]
     plain_handle.update_weights.remote(encode(WeightUpdate(version=version + 1, tensors=merged)), version + 1).result()
     try:
