@@ -18,6 +18,8 @@
                                                  transcripts (docs/data.md)
     mempo model smollm2 [--dtype bfloat16]       SmolLM2-135M-Instruct as a Hugging Face folder in .cache/models/
     mempo model from-gguf FILE.gguf OUT_DIR [--dtype float32|bfloat16]    any GGUF file as one
+    mempo score IN.jsonl OUT.jsonl [--url URL] [--concurrency N]   grade a file of memories against a running
+                                                 scorer (resumes an interrupted run)
     mempo view  RUN_DIR [--serve [--port P] [--scorer URL]]   the run as one HTML page (memory, rewards,
                                                  curves, episodes, training groups)
     mempo config [CONFIG.yaml] [key=value ...] | --help-fields             resolved config / all fields
@@ -328,16 +330,64 @@ def _view(argv: list[str]) -> int:
     if not a.serve:
         print(f"wrote {view.write_view(a.run_dir)}")
         return 0
-    scorer = a.scorer
-    if not scorer:
-        run_cfg = Path(a.run_dir) / "pipeline.yaml"
-        cfg = load_config(str(run_cfg) if run_cfg.is_file() else None)
-        scorer = f"http://127.0.0.1:{cfg.ray.http_port}{route_prefix(cfg, 'scorer')}/score"
-    view.serve(a.run_dir, a.port, scorer)
+    run_cfg = Path(a.run_dir) / "pipeline.yaml"
+    cfg = load_config(str(run_cfg) if run_cfg.is_file() else None)
+    scorer = a.scorer or f"http://127.0.0.1:{cfg.ray.http_port}{route_prefix(cfg, 'scorer')}/score"
+    from services.scorer.client import client_token  # the scorer's bearer token, as the run's config names it
+
+    view.serve(a.run_dir, a.port, scorer, client_token(cfg.ray.http_token_env, cfg.ray.http_token_file))
     return 0
 
 
-COMMANDS = {"view": _view, "plan": _plan, "sft": _sft, "train": _train, "eval": _eval, "compare": _compare,
+def _score(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mempo score", description="Grade a JSONL file of memories against a running "
+                                "scorer (POST /score): one output line per input line, in order. Each input line "
+                                "is a request body ({question, memory, history, answer[, system]}, or the token "
+                                "form) plus an optional id that is echoed. Run it again after an interruption: it "
+                                "continues after the last complete output line, every line once.")
+    p.add_argument("input", help="JSONL of request bodies")
+    p.add_argument("output", help="JSONL of answers: {line, id?, status, ...}; appended to when it exists")
+    p.add_argument("--url", default="", help="the scorer's base URL or its /score endpoint (default: "
+                   "http://127.0.0.1:<ray.http_port>/scorer, `mempo serve`'s)")
+    p.add_argument("--config", default=None, help="a mempo config for the default URL and the token's variable")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    p.add_argument("--retries", type=int, default=8, help="retries of a request answered 503/429/502/504 or not "
+                   "answered, honouring Retry-After (default 8)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take (default 300)")
+    p.add_argument("--token-file", default="", help="a file holding the bearer token (default: the environment "
+                   "variable ray.http_token_env names, MEMPO_API_TOKEN)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    a = p.parse_args(argv)
+    from services.scorer import client as sc  # httpx, pydantic: light
+
+    cfg = load_config(a.config)
+    url = a.url or f"http://127.0.0.1:{cfg.ray.http_port}{route_prefix(cfg, 'scorer')}"
+    if not Path(a.input).is_file():
+        print(f"error: {a.input} does not exist", file=sys.stderr)
+        return 2
+    try:
+        token = sc.client_token(cfg.ray.http_token_env, a.token_file or cfg.ray.http_token_file)
+        client = sc.ScorerClient(url, token=token or "", concurrency=a.concurrency, retries=a.retries,
+                                 timeout_s=a.timeout)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    _setup_logging()
+    try:
+        with client:
+            stats = sc.score_file(a.input, a.output, client, progress=not a.quiet)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {a.output} holds every line answered so far; run the same command again to go on",
+              file=sys.stderr, flush=True)
+        os._exit(130)  # requests still in flight are dropped (their lines are not written), not waited for
+    except (sc.AuthError, ValueError, RuntimeError, OSError, sc.httpx.HTTPError) as e:
+        print(f"error: {type(e).__name__ if isinstance(e, sc.httpx.HTTPError) else ''} {e}".strip(), file=sys.stderr)
+        return 1
+    print(f"mempo score: {stats.summary()}; wrote {a.output}", flush=True)
+    return 0
+
+
+COMMANDS = {"view": _view, "score": _score, "plan": _plan, "sft": _sft, "train": _train, "eval": _eval, "compare": _compare,
             "chaos": _chaos,
             "serve": _serve, "scale": _scale, "index": _index, "model": _model, "data": data_cli.main}
 

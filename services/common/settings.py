@@ -114,6 +114,29 @@ class RayConfig(Section):
         8000, ge=1, le=65535,
         description="Serve HTTP port.",
     )
+    http_auth: Literal["auto", "token", "none"] = Field(
+        "auto",
+        description=(
+            "Bearer-token authentication of the REST routes (every route but /health): token = a replica that "
+            "finds no token (ray.http_token_file, else the environment variable ray.http_token_env) refuses to "
+            "start; auto = closed when a token is found, open otherwise; none = open. Use token wherever HTTP "
+            "listens beyond loopback (docs/deploy.md)."
+        ),
+    )
+    http_token_env: str = Field(
+        "MEMPO_API_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description=(
+            "The environment variable that holds the REST token on the nodes running REST replicas (on KubeRay, "
+            "set from a Secret); clients (mempo score, mempo view --serve) read the same variable."
+        ),
+    )
+    http_token_file: str = Field(
+        "",
+        description=(
+            "A file holding the REST token (a mounted Secret), read by each REST replica at start; takes "
+            "precedence over ray.http_token_env. Never put the token itself in a config file."
+        ),
+    )
     proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = Field(
         "EveryNode",
         description=(

@@ -41,7 +41,9 @@ SERVE_CONFIG_HEADER = """\
 # application is built by services/pipeline/serve_apps.py from the mempo config (args.config);
 # relative paths resolve against the project root. The cluster runs with Ray token authentication
 # (docs/deploy.md): `serve deploy` sends the token from RAY_AUTH_TOKEN or ~/.ray/auth_token.
-# http_options.host 0.0.0.0 exposes only the services' REST endpoints (put a gateway in front).
+# http_options.host 0.0.0.0 exposes only the services' REST endpoints, and those ask for a bearer token
+# (ray.http_auth=token): set {token_env} on every node, or mount a file and name it in ray.http_token_file
+# (docs/deploy.md, "REST authentication"). Only /health answers without it.
 """
 
 
@@ -186,16 +188,36 @@ def serve_config(cfg: MempoConfig, config_arg: str) -> dict:
     """The Serve config file (``serve deploy``) of the services ``cfg`` deploys (the four, or three with
     ``search.url``), from ``cfg``: each application's
     import path and args, and its deployment's options as ``mempo train`` sets them. HTTP listens on
-    every interface of a cluster node (only the REST endpoints; see the file's header)."""
+    every interface of a cluster node (only the REST endpoints; see the file's header), so the REST routes
+    ask for the bearer token (``ray.http_auth=token``) unless the recipe turns it off."""
+    def args():  # one dict each, or the YAML dump writes anchors
+        return {"config": config_arg, **({"overrides": ["ray.http_auth=token"]} if cfg.ray.http_auth == "auto" else {})}
+
     apps = [{"name": app_name(cfg, service), "route_prefix": route_prefix(cfg, service),
-             "import_path": f"services.pipeline.serve_apps:{service}", "args": {"config": config_arg},
+             "import_path": f"services.pipeline.serve_apps:{service}", "args": args(),
              "deployments": [{"name": service, **opts}]} for service, opts in deployments(cfg).items()]
     return {"proxy_location": cfg.ray.proxy_location, "http_options": {"host": "0.0.0.0", "port": cfg.ray.http_port},
             "applications": apps}
 
 
+def http_warnings(cfg: MempoConfig, generated: bool) -> list[str]:
+    """What ``mempo plan`` warns about the REST routes: open (no bearer token asked for) where HTTP listens
+    beyond loopback, as ``ray.http_host`` says or, with ``generated`` (a Serve config or KubeRay manifest
+    written from ``cfg``), on every interface."""
+    host = "0.0.0.0" if generated else cfg.ray.http_host
+    if host in ("127.0.0.1", "localhost", "::1") or cfg.ray.http_auth == "token":
+        return []
+    if cfg.ray.http_auth == "auto" and generated:
+        return []  # the generated files require the token (serve_config)
+    how = "ask for no token (ray.http_auth=none)" if cfg.ray.http_auth == "none" else \
+        f"ask for a token only if {cfg.ray.http_token_env} or ray.http_token_file holds one on the replica's node"
+    return [f"HTTP listens on {host}:{cfg.ray.http_port} and the REST routes (scorer, search) {how}: anyone who "
+            f"reaches the port can use them. Set ray.http_auth=token and give the token by environment or file "
+            f"(docs/deploy.md, 'REST authentication')"]
+
+
 def serve_config_text(cfg: MempoConfig, config_arg: str, path: str) -> str:
-    return (SERVE_CONFIG_HEADER.format(config=config_arg, path=path)
+    return (SERVE_CONFIG_HEADER.format(config=config_arg, path=path, token_env=cfg.ray.http_token_env)
             + yaml.safe_dump(serve_config(cfg, config_arg), sort_keys=False, width=110))
 
 

@@ -29,6 +29,8 @@ def run(cfg: MempoConfig, path: str, overrides: list[str], node: list[str], serv
     units = plan.actors(cfg)
     print(f"plan of {path}" + (f" with {' '.join(overrides)}" if overrides else ""))
     print(plan.describe(units))
+    for w in plan.http_warnings(cfg, generated=bool(serve_config or kuberay)):
+        print(f"warning: {w}")
     ok = True
     nodes, where = None, ""
     if node:

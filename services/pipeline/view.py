@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from services.common.rest_auth import auth_headers
 from services.pipeline.report import COLUMNS, DIAGNOSTICS, curve_series
 
 PAGE = Path(__file__).with_name("view_page.html")
@@ -145,9 +146,9 @@ def write_view(run_dir: str | Path) -> Path:
     return out
 
 
-def make_server(run_dir: str | Path, port: int, scorer_url: str) -> ThreadingHTTPServer:
+def make_server(run_dir: str | Path, port: int, scorer_url: str, token: str | None = None) -> ThreadingHTTPServer:
     """The view's HTTP server on 127.0.0.1:``port`` (0 = any free port), not yet serving: GET / is the
-    page, POST /api/score goes to ``scorer_url``."""
+    page, POST /api/score goes to ``scorer_url`` (with ``token`` as its bearer token, when given)."""
     page = write_view(run_dir)
 
     class Handler(BaseHTTPRequestHandler):
@@ -182,7 +183,8 @@ def make_server(run_dir: str | Path, port: int, scorer_url: str) -> ThreadingHTT
             if not 0 < length <= MAX_BODY:
                 return self._error(400 if length <= 0 else 413, f"the body must be 1..{MAX_BODY} bytes of JSON")
             body = self.rfile.read(length)
-            req = urllib.request.Request(scorer_url, data=body, headers={"content-type": "application/json"})
+            req = urllib.request.Request(scorer_url, data=body,  # the scorer's bearer token, when it asks for one
+                                         headers={"content-type": "application/json", **auth_headers(token)})
             try:
                 with urllib.request.urlopen(req, timeout=120) as r:
                     self._send(r.status, r.read())
@@ -195,9 +197,9 @@ def make_server(run_dir: str | Path, port: int, scorer_url: str) -> ThreadingHTT
     return ThreadingHTTPServer(("127.0.0.1", port), Handler)
 
 
-def serve(run_dir: str | Path, port: int, scorer_url: str) -> None:
+def serve(run_dir: str | Path, port: int, scorer_url: str, token: str | None = None) -> None:
     """Serve the page until Ctrl-C (see :func:`make_server`)."""
-    server = make_server(run_dir, port, scorer_url)
+    server = make_server(run_dir, port, scorer_url, token)
     print(f"mempo view: http://127.0.0.1:{server.server_address[1]}/ (page {Path(run_dir) / 'view.html'}; "
           f"re-scoring through {scorer_url}); Ctrl-C stops", flush=True)
     try:

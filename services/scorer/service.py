@@ -35,12 +35,11 @@ import asyncio
 import logging
 import os
 import time
-from typing import Optional, Union
+from typing import Optional
 
 import ray
 import torch
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ray import serve
 
 from services.common.calls import require_version
@@ -49,63 +48,20 @@ from services.common.config import (MempoConfig, ScorerConfig, actor_options, fi
                                     scorer_token_budget, updated_section)
 from services.common.http import ERROR_RESPONSES, ErrorBody, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
+from services.common.rest_auth import configure_auth, install_auth
 from services.common.messages import TrajectoryBatch, WeightUpdate
 from services.common.model_io import model_dtype, validate_weights
 from services.common.paths import model_path
 from services.common.serve_version import pinned
 from services.common.weight_broadcast import Receiver
 from services.scorer.admission import Busy, Gate
+from services.scorer.schema import ChatTurn, ScoreResponse, TextScoreRequest, TokenScoreRequest  # noqa: F401 (ChatTurn: /docs)
 
 log = logging.getLogger("mempo.scorer")
 app = FastAPI(title="mempo scorer", description="MemPO memory reward: how likely is the gold answer after "
                                                 "the memory alone versus after the full history.")
 install_error_handlers(app)
-
-
-class ChatTurn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: StrictStr = Field(pattern="^(system|user|assistant|tool)$")
-    content: StrictStr
-
-
-class TextScoreRequest(BaseModel):
-    """Grade a memory: P(answer | system + question + memory) vs P(answer | the full history)."""
-
-    model_config = ConfigDict(extra="forbid")
-    question: Union[StrictStr, list[StrictStr]]
-    memory: StrictStr
-    history: list[ChatTurn] = []
-    answer: Union[StrictStr, list[StrictStr]]
-    system: Optional[StrictStr] = None
-
-
-class TokenScoreRequest(BaseModel):
-    """Score token ids: the continuation after each context; the answer is ``continuation_ids[start:end]``."""
-
-    model_config = ConfigDict(extra="forbid")
-    mem_context_ids: list[StrictInt]
-    full_context_ids: list[StrictInt]
-    continuation_ids: list[StrictInt]
-    answer_span: tuple[StrictInt, StrictInt]
-
-
-class ScoreResponse(BaseModel):
-    """The memory reward of one request (docs/algorithm.md, section 4), scored by one policy version."""
-
-    p_mem: float
-    p_full: float
-    r_mem: float = Field(description="p_mem - p_full")
-    mem_logprobs: list[float]
-    full_logprobs: list[float]
-    mem_keep: list[bool]
-    full_keep: list[bool]
-    answer_ids: list[int]
-    answer_tokens: list[str]
-    policy_version: int
-    tau: float  # tau .. logp_floor: the reward's rule (ScorerConfig's RULE fields; a test keeps them equal)
-    filter_mode: str
-    average: str
-    logp_floor: float
+install_auth(app)  # 401 without the bearer token, when one is configured (ray.http_auth)
 
 
 # before the class: @serve.ingress freezes a copy of the app
@@ -136,6 +92,7 @@ class ScorerService:
         from services.scorer.scorer import MemoryScorer  # transformers at its top
 
         self.cfg = MempoConfig.model_validate(config)
+        configure_auth(self.cfg.ray)  # before the model loads: a missing token fails the start at once
         self.model_dir = str(model_path(self.cfg))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.lora = self.cfg.learner.lora if self.cfg.learner.lora.served_as_adapter else None

@@ -38,11 +38,13 @@ from services.common.config import (MempoConfig, SearchConfig, actor_options, fi
                                     updated_section)
 from services.common.http import ERROR_RESPONSES, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
+from services.common.rest_auth import configure_auth, install_auth
 from services.common.serve_version import pinned
 
 log = logging.getLogger("mempo.search")
 app = FastAPI(title="mempo search", description="Search-R1 compatible retrieval for MemPO agents.")
 install_error_handlers(app)
+install_auth(app)  # 401 without the bearer token, when one is configured (ray.http_auth)
 
 
 class RetrieveRequest(BaseModel):
@@ -86,6 +88,7 @@ class SearchService:
         from services.search_tool.backends import load_backend  # torch at its top, in the replica only
 
         cfg = MempoConfig.model_validate(config)
+        configure_auth(cfg.ray)  # before the index loads: a missing token fails the start at once
         self.cfg = cfg.search
         t0 = time.perf_counter()
         self.index = load_backend(cfg)

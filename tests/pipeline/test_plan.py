@@ -38,6 +38,34 @@ def test_every_kuberay_pod_loads_the_proxy_middleware_mempo_sets_on_its_own_node
             assert env.get(key) == SERVE_NODE_ENV[key], (container["name"], env)
 
 
+def test_every_kuberay_pod_gives_rest_replicas_the_recipes_token_from_a_secret():
+    # the GPU recipe closes the REST routes (ray.http_auth: token): a replica on any pod must find the token
+    cfg = load_config(GPU, [])
+    assert cfg.ray.http_auth == "token"
+    spec = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayservice.yaml").read_text())["spec"]["rayClusterConfig"]
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        for container in group["template"]["spec"]["containers"]:
+            env = {e["name"]: e for e in container.get("env", [])}
+            assert "secretKeyRef" in env[cfg.ray.http_token_env]["valueFrom"], (container["name"], env)
+
+
+def test_the_generated_serve_config_closes_the_rest_routes_and_plan_warns_where_they_are_open(capsys):
+    tiny = load_config(TINY, [])
+    assert tiny.ray.http_auth == "auto" and tiny.ray.http_host == "127.0.0.1"
+    # HTTP on 0.0.0.0 in the generated file: every application asks for the token
+    for app in plan.serve_config(tiny, "deploy/configs/tiny.yaml")["applications"]:
+        assert app["args"]["overrides"] == ["ray.http_auth=token"]
+    assert plan.http_warnings(tiny, generated=False) == [] == plan.http_warnings(tiny, generated=True)
+    wide = load_config(TINY, ["ray.http_host=0.0.0.0"])
+    assert "ray.http_auth=token" in plan.http_warnings(wide, generated=False)[0]
+    assert plan.http_warnings(load_config(TINY, ["ray.http_host=0.0.0.0", "ray.http_auth=token"]), False) == []
+    off = load_config(TINY, ["ray.http_auth=none"])  # turned off by the recipe: the file leaves it off, plan warns
+    assert "overrides" not in plan.serve_config(off, "x.yaml")["applications"][0]["args"]
+    assert "no token" in plan.http_warnings(off, generated=True)[0]
+    assert main(["plan", TINY, "ray.http_host=0.0.0.0"]) == 0
+    assert "warning: HTTP listens on 0.0.0.0:8000" in capsys.readouterr().out
+
+
 def test_gpu_recipe_plan_prints_every_service_and_the_totals(capsys):
     # ray.address emptied: the recipe's "auto" would check whatever cluster this machine runs (the test
     # session's own); tests/pipeline/test_multinode.py checks a live cluster

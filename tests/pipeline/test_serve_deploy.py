@@ -42,7 +42,9 @@ def head(world, grammar_model, tmp_path_factory):
     temp_dir = tempfile.mkdtemp(prefix="mdt", dir="/tmp")
     # token authentication on, with a token of this cluster's own; every address on loopback
     token = secrets.token_hex(32)
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_USAGE_STATS_ENABLED="0", **LOOPBACK_ENV)
+    # and the REST routes' bearer token, which deploy/serve_config.yaml asks for (ray.http_auth=token)
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_USAGE_STATS_ENABLED="0", **LOOPBACK_ENV,
+               MEMPO_API_TOKEN=secrets.token_hex(24))
     env.pop("RAY_AUTH_TOKEN_PATH", None)
     proc = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2", "--include-dashboard=true",
@@ -95,20 +97,28 @@ def test_serve_deploy_brings_up_every_service_and_rest_answers(head, world):
     assert status == {"search": "RUNNING", "scorer": "RUNNING", "rollout": "RUNNING", "learner": "RUNNING"}, out
 
     base = head["http"]
-    r = httpx.post(f"{base}/retrieve", json={"queries": ["university located in"], "topk": 2}, timeout=30)
+    # the REST routes ask for the bearer token from the nodes' MEMPO_API_TOKEN, through Serve's real proxy
+    rest = {"Authorization": f"Bearer {env['MEMPO_API_TOKEN']}"}
+    query = {"queries": ["university located in"], "topk": 2}
+    for headers in ({}, {"Authorization": "Bearer " + "0" * 48}, head["auth"]):  # none, wrong, Ray's own token
+        r = httpx.post(f"{base}/retrieve", json=query, headers=headers, timeout=30)
+        assert r.status_code == 401 and r.json()["field"] == "authorization", r.text
+        assert r.headers["www-authenticate"].startswith("Bearer")
+    assert httpx.post(f"{base}/scorer/score", json={"question": "q"}, timeout=30).status_code == 401
+    r = httpx.post(f"{base}/retrieve", json=query, headers=rest, timeout=30)
     assert r.status_code == 200, r.text
     assert len(r.json()["result"][0]) == 2
-    r = httpx.post(f"{base}/scorer/score", timeout=60, json={
+    r = httpx.post(f"{base}/scorer/score", timeout=60, headers=rest, json={
         "question": "Where was Ada Vell born?", "memory": "Ada Vell was born in Kestrel.", "history": [],
         "answer": "Kestrel"})
     assert r.status_code == 200, r.text
     body = r.json()
     assert 0.0 <= body["p_mem"] <= 1.0 and 0.0 <= body["p_full"] <= 1.0
     assert abs(body["r_mem"] - (body["p_mem"] - body["p_full"])) < 1e-6
-    assert httpx.get(f"{base}/scorer/health", timeout=10).json()["status"] == "ok"
+    assert httpx.get(f"{base}/scorer/health", timeout=10).json()["status"] == "ok"  # open: probes need no secret
     # every Ray and Serve listener of the head on loopback; the one known exception, pinned so no other
     # appears: the learner's torch.distributed store (rank 0's TCPStore binds [::], services/learner/worker.py)
     open_ = exposed(listening(head["pid"]))
     assert [name for _, _, name in open_] in ([], ["ray::LearnerWorker"]), open_
     # a malformed request is refused with the field named; the replica keeps serving
-    assert httpx.post(f"{base}/scorer/score", json={"question": "q"}, timeout=30).status_code == 422
+    assert httpx.post(f"{base}/scorer/score", json={"question": "q"}, headers=rest, timeout=30).status_code == 422
