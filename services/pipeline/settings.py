@@ -117,6 +117,37 @@ class TrainConfig(Section):
         "runs/default",
         description="Where checkpoints, logs and reports go.",
     )
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        ["tensorboard"],
+        description=(
+            "Where metrics go besides <run_dir>/metrics.jsonl, for sft, train, eval and compare: TensorBoard "
+            "(<run_dir>/tb), Weights & Biases (pip install wandb), MLflow (pip install mlflow-skinny). W&B and MLflow "
+            "get the resolved config as parameters, every metrics row at its step, and the reports as artifacts; "
+            "a resumed run goes on in the same tracked run (its id in <run_dir>/trackers.json)."
+        ),
+    )
+    wandb_project: str = Field(
+        "mempo",
+        description="W&B project of the runs (train.loggers has wandb).",
+    )
+    wandb_mode: Literal["auto", "online", "offline"] = Field(
+        "auto",
+        description=(
+            "W&B mode: auto = online when a W&B key is set (WANDB_API_KEY or `wandb login`), offline otherwise "
+            "(files under <run_dir>/wandb; `wandb sync` uploads them later)."
+        ),
+    )
+    mlflow_tracking_uri: str = Field(
+        "",
+        description=(
+            "MLflow tracking URI (an MLflow server, http(s)://...; or file:DIR); empty = a file store in "
+            "<run_dir>/mlruns (read with `mlflow ui --backend-store-uri <run_dir>/mlruns` or MlflowClient)."
+        ),
+    )
+    mlflow_experiment: str = Field(
+        "mempo",
+        description="MLflow experiment the runs are logged under.",
+    )
 
 
 class EvalConfig(Section):

@@ -40,6 +40,7 @@ from services.learner.checkpoint import latest_complete, saved_extra
 from services.learner.samples import Sample, pack
 from services.pipeline.apps import connect
 from services.pipeline.runlog import RunLog
+from services.pipeline.trackers import check_loggers, open_trackers
 from services.world.build import prepare_world
 from services.world.name_swap import NameSwapper
 from services.world.pretrain import lr_at
@@ -150,6 +151,7 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     cfg.learner.kl_coef = 0.0  # no reference model in SFT
     source = str(model_path(cfg))
     check_model(source)
+    check_loggers(cfg.train.loggers)  # a missing wandb / mlflow package, before anything starts
     for line in lr_warnings(cfg, source, sft=True):
         log_fn(f"warning: {line}")
     tokenizer = AutoTokenizer.from_pretrained(source)
@@ -179,7 +181,8 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
     order: list[int] = []
     done = _resume(group, home, settings, rng, order, log_fn)
     every = cfg.train.sft_checkpoint_every or max(1, steps // 20)
-    runlog = RunLog(home, resume_step=done)
+    finished = False
+    runlog = RunLog(home, resume_step=done, trackers=open_trackers(cfg, home, "sft", done))
     try:
         group.set_lr(cfg.learner.sft_lr)
         t0 = time.perf_counter()
@@ -202,9 +205,11 @@ def run_sft(cfg: MempoConfig, log_fn=print) -> Path:
         group.export_hf(str(out), source)
         shutil.rmtree(home / "checkpoints", ignore_errors=True)  # the exported policy is the result
         log_fn(f"SFT done in {time.perf_counter() - t0:.0f}s; policy in {out}")
+        runlog.artifacts([runlog.path])
+        finished = True
         return out
     finally:
-        runlog.close()
+        runlog.close(ok=finished)
         group.shutdown()
 
 

@@ -37,6 +37,7 @@ from services.learner.group_samples import decoded_group
 from services.learner.ledger import unlogged
 from services.pipeline.evaluate import decoder, eval_prompts, evaluate, flatten
 from services.pipeline.runlog import RunLog, read_rows
+from services.pipeline.trackers import check_loggers, open_trackers
 from services.pipeline.sft import sft_dir
 from services.world.build import prepare_world
 
@@ -84,6 +85,7 @@ def train(cfg: MempoConfig) -> dict:
     check_model(model_path(cfg), "model.path" if not cfg.train.init_from_sft else "the SFT policy")
     for line in lr_warnings(cfg, model_path(cfg), sft=False):
         logging.getLogger("mempo.train").warning("%s", line)
+    check_loggers(cfg.train.loggers)  # a missing wandb / mlflow package, before anything starts
     run_dir = Path(cfg.train.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     pipe = Pipeline.start(cfg)  # search, rollout, scorer, learner: each its own Serve application
@@ -92,7 +94,7 @@ def train(cfg: MempoConfig) -> dict:
                            cfg.train.prompts_per_step, cfg.train.seed)
     held_out = eval_prompts(cfg, cfg.eval.during_training_per_k)
     step = pipe.learner.info()["step"]  # > 0 when the learner resumed a checkpoint
-    log = RunLog(run_dir, resume_step=step)
+    log = RunLog(run_dir, resume_step=step, trackers=open_trackers(cfg, run_dir, "train", step))
     log_unlogged(log, run_dir, step)
     decode = decoder(cfg)  # for the sampled training groups (groups.jsonl, read by `mempo view`)
     periodic = cfg.train.eval_every > 0
@@ -124,7 +126,8 @@ def train(cfg: MempoConfig) -> dict:
     finally:  # done, Ctrl-C or an error: close the log, checkpoint the current step
         ahead.close()
         bar.close()
-        log.close()
+        log.artifacts([log.path, run_dir / "pipeline.yaml"])
+        log.close(ok=step >= cfg.train.steps)
         checkpoint = pipe.learner.save()
         if step < cfg.train.steps:
             print(f"\nstopped at step {step}: checkpoint in {checkpoint}; run the same command to resume", flush=True)
