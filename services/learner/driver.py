@@ -1,8 +1,9 @@
 """Driver side of the learner: the training loop's calls to the learner deployment, as plain methods.
 
     learner = LearnerDriver(serve.get_deployment_handle("learner", "learner"))
-    stats = learner.step(traj_refs, score_refs)   # update, checkpoint, publish -> metrics incl. "step"
-    learner.save(); learner.export("runs/x/policy"); learner.info(); learner.publish()
+    stats = learner.step(traj_refs, score_refs)   # update (and checkpoint) -> metrics incl. "step"
+    stats.update(learner.publish())               # the new policy to every rollout and scorer replica
+    learner.save(); learner.export("runs/x/policy"); learner.info()
 
 Unlike rollout and scoring, a learner call is not retried: the learner is one stateful replica, and a
 step that failed after its update must not be applied twice. The refs are passed inside lists, so
@@ -42,7 +43,8 @@ class LearnerDriver:
         return self._call("export", out_dir)
 
     def publish(self) -> dict:
-        """Send the current policy to every rollout and scorer replica again."""
+        """Send the current policy to every rollout and scorer replica (after each step; again when one
+        was replaced); the publication's metrics (publish_s, published_replicas, published_version)."""
         return self._call("publish")
 
     def info(self) -> dict:

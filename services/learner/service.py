@@ -200,14 +200,19 @@ class LearnerService:
         self.ledger.trained(self.step_no, digest, trained_prompts(trajs),
                             [x.version for x in samples], [s.policy_version for s in score_batches],
                             dropped_versions, stale_samples, "checkpoint" in metrics, metrics)
-        t1 = time.perf_counter()
-        report = (self.publisher.publish(self._full_state(), self.version) if self.publisher.handles else {})
-        metrics.update(publish_s=time.perf_counter() - t1, busy_s=time.perf_counter() - t0,
-                       published_replicas=report.get("replicas", 0))
-        if "path" in report:  # learner.publish collective/auto: 1 when this step's weights went by the group
-            metrics["publish_collective"] = float(report["path"] == "collective")
+        metrics.update(busy_s=time.perf_counter() - t0)
         metrics["groups"] = shown  # not a metric: the driver writes it to groups.jsonl
         return metrics
+
+    def _publish(self) -> dict:
+        """The current policy to every rollout and scorer replica; the publication's metrics."""
+        t0 = time.perf_counter()
+        report = self.publisher.publish(self._full_state(), self.version) if self.publisher.handles else {}
+        out = {"publish_s": time.perf_counter() - t0, "published_replicas": report.get("replicas", 0),
+               "published_version": self.version}
+        if "path" in report:  # learner.publish collective/auto: 1 when these weights went by the group
+            out["publish_collective"] = float(report["path"] == "collective")
+        return out
 
     def _fresh(self, version: int, max_staleness: int) -> bool:
         """Within the staleness bound: sampled (or scored) at most ``max_staleness`` versions ago. The
@@ -288,11 +293,10 @@ class LearnerService:
             return await asyncio.to_thread(self._with_group, f"the checkpoint of step {self.step_no}", self._save)
 
     async def publish(self) -> dict:
-        if not self.publisher.handles:
-            return {}
+        """Send the current policy to every rollout and scorer replica (after each step, and again when the
+        driver finds a replica behind); {"publish_s", "published_replicas", "published_version", ...}."""
         async with self.busy:
-            return await asyncio.to_thread(
-                lambda: self.publisher.publish(self._full_state(), self.version))
+            return await asyncio.to_thread(self._publish)
 
     async def export(self, out_dir: str) -> str:
         async with self.busy:

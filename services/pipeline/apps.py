@@ -6,6 +6,7 @@
     refs = pipe.rollout.rollout(prompt_batch)        # RolloutDriver (retries dead replicas)
     score_refs = pipe.scorer.score(refs)             # ScorerDriver
     stats = pipe.learner.step(refs, score_refs)       # LearnerDriver (no retries: one stateful replica)
+    pipe.learner.publish()                            # the new policy to the rollout and scorer replicas
     pipe.shutdown()
 
 Each service is its own Serve application (named ``ray.app_prefix`` + service), so each scales and

@@ -61,7 +61,7 @@ def stage_times(batch: Generated, stats: dict, step_s: float) -> dict:
     own compute (it overlaps the rollout), learner its update without publication, weight_sync the
     publication. With max_staleness 0 the stages take turns, so each one's idle is the others' busy."""
     busy = {"rollout": batch.rollout_s, "scoring": stats.get("scorer/seconds", 0.0),
-            "learner": stats.get("busy_s", 0.0) - stats.get("publish_s", 0.0), "weight_sync": stats.get("publish_s", 0.0)}
+            "learner": stats.get("busy_s", 0.0), "weight_sync": stats.get("publish_s", 0.0)}
     out = {f"time/{k}_s": v for k, v in busy.items()}
     out.update({f"idle/{k}_s": max(0.0, step_s - v) for k, v in busy.items()})
     out.update(step_s=step_s, scoring_tail_s=batch.scoring_tail_s, rollout_waited_s=batch.waited_s,
@@ -106,7 +106,8 @@ def train(cfg: MempoConfig) -> dict:
         last = time.perf_counter()
         while step < cfg.train.steps:
             batch = ahead.next()  # refs to this step's trajectories and memory scores
-            stats = pipe.learner.step(batch.traj_refs, batch.score_refs, cfg.train.max_staleness)  # update, publish
+            stats = pipe.learner.step(batch.traj_refs, batch.score_refs, cfg.train.max_staleness)  # the update
+            stats.update(pipe.learner.publish())  # the new policy to every rollout and scorer replica
             step = stats["step"]
             now = time.perf_counter()
             stats.update(stage_times(batch, stats, now - last), rollout_retries=pipe.rollout.stats["retries"],

@@ -32,8 +32,11 @@ def test_one_step_from_rollout_and_scores_to_new_version(ray_cluster, serve_http
         score_refs = [s_handle.score.remote(ref)._to_object_ref_sync() for ref in traj_refs]
         m = l_handle.step.remote(traj_refs, score_refs).result()
         assert m["version"] == 1 and m["step"] == 1 and m["samples"] > 0 and m["tokens"] > 0
-        assert m["published_replicas"] == 2
-        assert m.get("publish_collective") == (1.0 if publish == "collective" else None)  # no fallback
+        # the update publishes nothing by itself: the loop's next line does (services/pipeline/train.py)
+        assert r_handle.info.remote().result()["version"] == v0 and "published_replicas" not in m
+        p = l_handle.publish.remote().result()
+        assert p["published_replicas"] == 2 and p["published_version"] == 1 and p["publish_s"] > 0
+        assert p.get("publish_collective") == (1.0 if publish == "collective" else None)  # no fallback
         assert r_handle.info.remote().result()["version"] == 1
         assert s_handle.info.remote().result()["version"] == 1
         assert "checkpoint" in m and (tmp_path / "run" / "checkpoints" / "step_00000001" / "COMPLETE").is_file()

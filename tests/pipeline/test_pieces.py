@@ -68,11 +68,11 @@ def test_a_step_the_learner_finished_after_the_driver_stopped_is_logged_from_its
 
 def test_stage_times_busy_and_idle():
     batch = Generated(step=0, traj_refs=[], score_refs=[], rollout_s=5.0, scoring_tail_s=0.5, started_at_version=0)
-    out = stage_times(batch, {"scorer/seconds": 1.0, "busy_s": 4.0, "publish_s": 1.0}, step_s=10.0)
+    out = stage_times(batch, {"scorer/seconds": 1.0, "busy_s": 3.0, "publish_s": 1.0}, step_s=10.0)  # update, publication
     assert out["time/rollout_s"] == 5.0 and out["time/scoring_s"] == 1.0
     assert out["time/learner_s"] == 3.0 and out["time/weight_sync_s"] == 1.0 and out["step_s"] == 10.0
     assert out["idle/rollout_s"] == 5.0 and out["idle/weight_sync_s"] == 9.0 and out["scoring_tail_s"] == 0.5
-    overlapped = stage_times(batch, {"busy_s": 6.0, "publish_s": 1.0}, step_s=5.5)  # busier than the step
+    overlapped = stage_times(batch, {"busy_s": 5.0, "publish_s": 1.0}, step_s=5.5)  # busier than the step
     assert overlapped["idle/rollout_s"] == 0.5 and overlapped["idle/learner_s"] == 0.5
 
 
