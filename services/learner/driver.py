@@ -1,8 +1,8 @@
 """Driver side of the learner: the training loop's calls to the learner deployment, as plain methods.
 
     learner = LearnerDriver(serve.get_deployment_handle("learner", "learner"))
-    stats = learner.step(traj_refs, score_refs)   # update (and checkpoint) -> metrics incl. "step"
-    stats.update(learner.publish())               # the new policy to every rollout and scorer replica
+    result = learner.step(traj_refs, score_refs)  # update (and checkpoint): result.metrics (incl. "step"), .groups
+    result.metrics.update(learner.publish())      # the new policy to every rollout and scorer replica
     learner.save(); learner.export("runs/x/policy"); learner.info()
 
 Unlike rollout and scoring, a learner call is not retried: the learner is one stateful replica, and a
@@ -13,7 +13,18 @@ for the learner's replica to take it while one is running or starting (services/
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import ray
+
+
+class StepResult(NamedTuple):
+    """What one update hands back: its metrics (a row of metrics.jsonl), and a few of its training groups
+    with their rewards and advantages (services/learner/group_samples.py; ``train.sample_groups``), which
+    the driver decodes into groups.jsonl for ``mempo view``."""
+
+    metrics: dict
+    groups: list
 
 
 class LearnerDriver:
@@ -29,10 +40,11 @@ class LearnerDriver:
                                          f"the learner's {method} call"))
 
     def step(self, traj_refs: list["ray.ObjectRef"], score_refs: list["ray.ObjectRef"] | None = None,
-             max_staleness: int = 0) -> dict:
-        """One policy update on these rollouts (and memory scores); metrics of the step. Turns sampled
-        more than ``max_staleness`` versions before the learner's are dropped (and counted)."""
-        return self._call("step", list(traj_refs), list(score_refs or []), max_staleness)
+             max_staleness: int = 0) -> StepResult:
+        """One policy update on these rollouts (and memory scores). Turns sampled more than
+        ``max_staleness`` versions before the learner's are dropped (and counted)."""
+        out = self._call("step", list(traj_refs), list(score_refs or []), max_staleness)
+        return StepResult(out["metrics"], out["groups"])
 
     def save(self) -> str:
         """A complete checkpoint of the current step; its directory."""

@@ -201,8 +201,7 @@ class LearnerService:
                             [x.version for x in samples], [s.policy_version for s in score_batches],
                             dropped_versions, stale_samples, "checkpoint" in metrics, metrics)
         metrics.update(busy_s=time.perf_counter() - t0)
-        metrics["groups"] = shown  # not a metric: the driver writes it to groups.jsonl
-        return metrics
+        return {"metrics": metrics, "groups": shown}  # groups: sampled training groups, for groups.jsonl
 
     def _publish(self) -> dict:
         """The current policy to every rollout and scorer replica; the publication's metrics."""

@@ -2,9 +2,9 @@
 
     ahead = RolloutsAhead(cfg, pipe, prompts, first_step=0)   # a background thread starts generating
     batch = ahead.next()                # the rollout + memory-score refs of the next step, in order
-    stats = pipe.learner.step(batch.traj_refs, batch.score_refs)
+    update = pipe.learner.step(batch.traj_refs, batch.score_refs)
     pipe.learner.publish()              # the new policy to the replicas
-    ahead.learner_at(stats["step"])     # the learner's new version: lets the thread run further ahead
+    ahead.learner_at(update.metrics["step"])     # the learner's new version: lets the thread run further ahead
     ahead.close()
 
 The thread generates step b's batch (rollout, with each rollout call's result sent to the scorer as it

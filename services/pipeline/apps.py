@@ -5,7 +5,7 @@
                                                      # (never search with search.url: an external server)
     refs = pipe.rollout.rollout(prompt_batch)        # RolloutDriver (retries dead replicas)
     score_refs = pipe.scorer.score(refs)             # ScorerDriver
-    stats = pipe.learner.step(refs, score_refs)       # LearnerDriver (no retries: one stateful replica)
+    update = pipe.learner.step(refs, score_refs)      # LearnerDriver (no retries): .metrics, .groups
     pipe.learner.publish()                            # the new policy to the rollout and scorer replicas
     pipe.shutdown()
 

@@ -106,8 +106,8 @@ def train(cfg: MempoConfig) -> dict:
         last = time.perf_counter()
         while step < cfg.train.steps:
             batch = ahead.next()  # refs to this step's trajectories and memory scores
-            stats = pipe.learner.step(batch.traj_refs, batch.score_refs, cfg.train.max_staleness)  # the update
-            stats.update(pipe.learner.publish())  # the new policy to every rollout and scorer replica
+            update = pipe.learner.step(batch.traj_refs, batch.score_refs, cfg.train.max_staleness)  # the update
+            stats = update.metrics | pipe.learner.publish()  # the new policy to every rollout and scorer replica
             step = stats["step"]
             now = time.perf_counter()
             stats.update(stage_times(batch, stats, now - last), rollout_retries=pipe.rollout.stats["retries"],
@@ -117,7 +117,7 @@ def train(cfg: MempoConfig) -> dict:
                          weights_republished=float(pipe.republished),
                          **{f"{s}_replica_wait_s": w.waited_s for s, w in pipe.watches.items()},
                          nodes_alive=float(sum(n["Alive"] for n in ray.nodes())))
-            log.write_groups(step, [decoded_group(g, decode) for g in stats.pop("groups", [])])
+            log.write_groups(step, [decoded_group(g, decode) for g in update.groups])
             log.write("train", step, stats)
             bar.update(1)
             if periodic and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):

@@ -30,7 +30,9 @@ def test_one_step_from_rollout_and_scores_to_new_version(ray_cluster, serve_http
         prompts = load_prompts(world / "train.parquet", r_cfg.rollout.system_prompt, k=2, limit=2)
         traj_refs = RolloutDriver(r_handle, r_cfg).rollout(PromptBatch(prompts=prompts, n=4, policy_version=v0, seed=5))
         score_refs = [s_handle.score.remote(ref)._to_object_ref_sync() for ref in traj_refs]
-        m = l_handle.step.remote(traj_refs, score_refs).result()
+        out = l_handle.step.remote(traj_refs, score_refs).result()
+        m = out["metrics"]
+        assert out["groups"] and all("episodes" in g for g in out["groups"])  # for groups.jsonl, beside the metrics
         assert m["version"] == 1 and m["step"] == 1 and m["samples"] > 0 and m["tokens"] > 0
         # the update publishes nothing by itself: the loop's next line does (services/pipeline/train.py)
         assert r_handle.info.remote().result()["version"] == v0 and "published_replicas" not in m
