@@ -27,3 +27,28 @@ def setup(world):
     return cfg, training_batch(batch, adv)
 
 
+REFERENCE_STEPS = 4  # the longest uninterrupted run a test compares with (test_checkpoint's kill and resume)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(ray_cluster, setup, world):
+    """``uninterrupted(world_size)``: the uninterrupted run of ``setup``'s config and batch at that world size,
+    one list entry per step: (train_step's metrics, full_state_dict(), optimizer_digest()) after steps 1 to
+    REFERENCE_STEPS. The reference the W=1/W=2 and checkpoint-resume tests compare with: one group per world size
+    for the session (the snapshots between steps only read state), not one in every test."""
+    from services.learner.group import LearnerGroup
+
+    cfg, tb = setup
+    runs: dict[int, list] = {}
+
+    def run(world_size: int) -> list:
+        if world_size not in runs:
+            group = LearnerGroup(cfg, str(world / "model"), world_size=world_size)
+            try:
+                runs[world_size] = [(group.train_step(tb), group.full_state_dict(), group.optimizer_digest())
+                                    for _ in range(REFERENCE_STEPS)]
+            finally:
+                group.shutdown()
+        return runs[world_size]
+
+    return run

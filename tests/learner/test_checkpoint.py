@@ -28,15 +28,10 @@ def _train(group, tb, steps):
         group.train_step(tb)
 
 
-def test_kill_and_resume_equals_uninterrupted(ray_cluster, setup, world, tmp_path):
+def test_kill_and_resume_equals_uninterrupted(ray_cluster, setup, world, tmp_path, uninterrupted):
     cfg, tb = setup
     model = str(world / "model")
-    ref = LearnerGroup(cfg, model, world_size=2)
-    try:
-        _train(ref, tb, 4)
-        expected = (ref.full_state_dict(), ref.optimizer_digest())
-    finally:
-        ref.shutdown()
+    _, *expected = uninterrupted(2)[3]  # the W=2 run after 4 steps: (state dict, optimizer digest)
 
     run = str(tmp_path / "run")
     first = LearnerGroup(cfg, model, world_size=2)
@@ -65,19 +60,14 @@ def test_kill_and_resume_equals_uninterrupted(ray_cluster, setup, world, tmp_pat
 
 
 @pytest.mark.parametrize("before,after", [(1, 2), (2, 1)])
-def test_resume_at_another_world_size(ray_cluster, setup, world, tmp_path, before, after):
+def test_resume_at_another_world_size(ray_cluster, setup, world, tmp_path, before, after, uninterrupted):
     """A checkpoint written by W ranks resumes on W' ranks (state resharded, RNG mapped r -> r % W) and
     the next step is the uninterrupted run's: the ranks' gradients sum to the full-batch gradient at
     any W, so the loss and the weights agree up to the float order of that sum."""
     cfg, tb = setup
     model = str(world / "model")
-    ref = LearnerGroup(cfg, model, world_size=before)
-    try:
-        _train(ref, tb, 2)
-        expected_loss = ref.train_step(tb)["pg_loss"]
-        expected = ref.full_state_dict()
-    finally:
-        ref.shutdown()
+    metrics, expected, _ = uninterrupted(before)[2]  # the uninterrupted W run's third step
+    expected_loss = metrics["pg_loss"]
 
     run = str(tmp_path / "run")
     first = LearnerGroup(cfg, model, world_size=before)

@@ -55,19 +55,36 @@ def test_a_lora_step_moves_only_the_adapters_and_w2_equals_w1(ray_cluster, setup
     assert max(float((merged1[k] - init[k]).abs().max()) for k in init) > 1e-5  # the merge carries the update
 
 
+@pytest.fixture(scope="module")
+def uninterrupted_lora(ray_cluster, setup, world):
+    """``uninterrupted_lora(world_size)``: (peft state dict, optimizer digest) after 3 uninterrupted LoRA steps,
+    the reference the resume cases compare with; run once per world size for the module (both cases resume
+    onto W=2), not once per case."""
+    cfg, tb = setup
+    cfg = _cfg(cfg)
+    runs: dict[int, tuple] = {}
+
+    def run(world_size: int) -> tuple:
+        if world_size not in runs:
+            ref = LearnerGroup(cfg, str(world / "model"), world_size=world_size)
+            try:
+                for _ in range(3):
+                    ref.train_step(tb)
+                runs[world_size] = (ref.full_state_dict("peft"), ref.optimizer_digest())
+            finally:
+                ref.shutdown()
+        return runs[world_size]
+
+    return run
+
+
 @pytest.mark.parametrize("before,after", [(2, 2), (1, 2)])
 def test_a_lora_checkpoint_holds_the_adapters_and_resumes_bit_exactly(ray_cluster, setup, world, tmp_path,
-                                                                       before, after):
+                                                                       before, after, uninterrupted_lora):
     cfg, tb = setup
     cfg = _cfg(cfg)
     model = str(world / "model")
-    ref = LearnerGroup(cfg, model, world_size=after)
-    try:
-        for _ in range(3):
-            ref.train_step(tb)
-        expected = (ref.full_state_dict("peft"), ref.optimizer_digest())
-    finally:
-        ref.shutdown()
+    expected = uninterrupted_lora(after)
     run = str(tmp_path / "run")
     first = LearnerGroup(cfg, model, world_size=before)
     try:
