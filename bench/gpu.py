@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.common.messages import TrajectoryBatch
     from services.scorer.continuation import Continuation
 

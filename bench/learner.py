@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from transformers import AutoTokenizer
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.common.local_ray import local_init_options
     from services.world.build import build_world
 

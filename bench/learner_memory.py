@@ -110,7 +110,7 @@ def child(args) -> dict:
     from transformers import AutoConfig
 
     from services.common.codec import encode
-    from services.common.config import load_config
+    from services.config import load_config
     from services.common.model_io import model_dtype
     from services.learner.memory import estimate_peak
     from services.learner.worker import LearnerWorker
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args)))
         return 0
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.world.build import build_world
 
     rows = []

@@ -64,7 +64,7 @@ def _mode(mode: str, args, policies) -> dict:
     import torch
 
     from services.common.codec import encode
-    from services.common.config import load_config
+    from services.config import load_config
     from services.common.messages import WeightUpdate
     from services.rollout.engine import PolicyEngine, close_engine
     from services.scorer.service import _load_model
@@ -118,7 +118,7 @@ def main() -> None:
 
     import torch
 
-    from services.common.config import load_config
+    from services.config import load_config
 
     torch.set_num_threads(int(load_config(args.config).scorer.num_cpus) or 1)
     lora = load_config(args.config, [f"learner.lora.rank={args.rank}"]).learner.lora

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.scorer.packing import Branch, tree_logprobs
     from services.scorer.scorer import MemoryScorer, text_contexts
 

@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.common.token_text import TokenText
     from services.search_tool.bm25_index import BM25Index
     from services.common.paths import index_dir, world_dir

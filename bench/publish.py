@@ -100,7 +100,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.common.local_ray import local_init_options
     from services.world.build import build_world
     from tests.rollout.grammar_model import grammar_model

@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
     from transformers import AutoTokenizer
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.common.data import load_prompts
     from services.common.local_ray import local_init_options
     from services.common.messages import PromptBatch

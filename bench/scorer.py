@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.common.messages import TrajectoryBatch
     from services.scorer.scorer import MemoryScorer
     from services.world.build import build_world

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.common.local_ray import local_init_options
     from services.search_tool.service import search_app
     from services.world.build import build_world
@@ -291,7 +291,7 @@ def _scale(args) -> int:
     kinds = [k for k in args.kinds.split(";") if k]
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="mempo-search-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    from services.common.config import SearchConfig
+    from services.config import SearchConfig
 
     d = SearchConfig()
     params = {"nprobe": d.nprobe, "ef_search": d.ef_search, "refine_factor": d.refine_factor}

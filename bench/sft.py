@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from transformers import AutoTokenizer
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.common.local_ray import local_init_options
     from services.common.paths import data_path, model_path
     from services.pipeline.sft import load_transcripts, turn_samples

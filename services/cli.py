@@ -43,8 +43,8 @@ from pathlib import Path
 import yaml
 
 from services.common import gguf_model
-from services.common.config import ConfigError, config_args, load_config
-from services.common.config import main as config_main
+from services.config import ConfigError, config_args, load_config
+from services.config import main as config_main
 from services.common.jsonl import read_jsonl
 from services.common.replicas import NoReplica
 from services.pipeline import compare, data_cli, eval_cli, plan_cli, view

@@ -73,7 +73,7 @@ def runs_untouched():
 @pytest.fixture(scope="session")
 def tiny_cfg(tmp_path_factory):
     """The laptop/CI config (deploy/configs/tiny.yaml) with a temporary ``train.run_dir``."""
-    from services.common.config import load_config
+    from services.config import load_config
 
     return load_config(TINY_CONFIG, [f"train.run_dir={tmp_path_factory.mktemp('tiny-run')}"])
 
@@ -148,7 +148,7 @@ def rollout_service(search_service, grammar_model):
     """The rollout deployment (one replica) on the grammar model; yields (handle, config)."""
     from ray import serve
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.rollout.service import rollout_app
 
     cfg = load_config(TINY_CONFIG, [f"model.path={grammar_model}", "rollout.num_cpus=0.5",

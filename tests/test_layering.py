@@ -1,12 +1,14 @@
 """The packages of services/ import only downward, function-local imports included.
 
-    common < {search_tool, rollout, scorer, learner} < world < pipeline < cli
+    common < config < serve_version < {search_tool, rollout, scorer, learner} < world < pipeline < cli
 
-The four services stand side by side on one floor above common: each imports common and itself,
+common imports nothing above it. services/config.py composes the config tree (and says which sections
+each service reads); services/serve_version.py versions a service's deployment by those sections.
+The four services stand side by side on one floor above them: each imports common and itself,
 never another service (they talk only through the protocol's messages, by handle or over HTTP), so
 each can be read, tested and redeployed alone. What two of them share lives below them in common:
 ``token_text`` (the rollout's and the scorer's token positions), ``retention`` (the scorer's labels,
-the learner's metrics), ``rewards``, ``passage_format``, the protocol and the config.
+the learner's metrics), ``rewards``, ``passage_format`` and the protocol.
 
 No service imports the world: the pipeline builds it and deploys concrete paths
 (services/common/paths.py). The world sits above the services but uses their code only where it
@@ -15,7 +17,7 @@ exactly as the rollout records its own.
 
 Every import goes to a strictly lower floor, so no chain of imports can come back to where it
 started: there are no import cycles between packages. One exception, by design: each package declares
-its own config section in ``services/<package>/settings.py``, and services/common/config.py composes
+its own config section in ``services/<package>/settings.py``, and services/config.py composes
 them into one tree. A settings module imports only common's config leaves (``CONFIG_LEAVES``, which
 import no config), so the composition's upward imports cannot come back either.
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("search_tool", "rollout", "scorer", "learner")
-FLOORS = (("common",), SERVICES, ("world",), ("pipeline",), ("cli",))
+FLOORS = (("common",), ("config",), ("serve_version",), SERVICES, ("world",), ("pipeline",), ("cli",))
 FLOOR = {name: i for i, floor in enumerate(FLOORS) for name in floor}
 # The services' modules the world may import, each with its reason; nothing else of theirs.
 WORLD_USES = {
@@ -34,8 +36,8 @@ WORLD_USES = {
 }
 
 
-# The composition (services/common/config.py) and the only modules a settings module may import.
-COMPOSITION = "services/common/config.py"
+# The composition (services/config.py) and the only modules a settings module may import.
+COMPOSITION = "services/config.py"
 CONFIG_LEAVES = ("services.common.config_fields", "services.common.choices", "services.common.memory_reward",
                  "services.common.turn_format")
 
@@ -51,11 +53,22 @@ def _package(module: str) -> str | None:
     return parts[1] if parts[0] == "services" and len(parts) > 1 and parts[1] != "__init__" else None
 
 
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def _imports(path: Path, root: Path) -> list[tuple[int, str]]:
     """(line, absolute module) of every import in the file, at any depth (function bodies too)."""
     here = list(path.relative_to(root).parts[:-1])  # the file's package, e.g. ["services", "rollout"]
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    # ``if TYPE_CHECKING:`` imports are for annotations only: never run, no dependency
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _type_checking(block.test)
+                   for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -124,12 +137,19 @@ def test_the_check_sees_function_local_relative_and_package_imports(tmp_path):
     assert modules == {"services.scorer", "services.world.build", "services.learner", "services.common.codec"}
 
 
+def test_common_imports_nothing_above_it():
+    # the config is composed above common (services/config.py), so common stands on its own
+    outside = [f"{where}: common imports {module}" for own, module, where in module_imports() if own == "common"]
+    assert not outside, "common imports beyond itself:\n" + "\n".join(outside)
+
+
 def test_the_config_composition_imports_only_settings_modules_that_cannot_import_it_back():
-    upward = [(module, where) for own, module, where in module_imports() if own == "common" and FLOOR[_package(module)] > 0]
+    upward = [(module, where) for own, module, where in module_imports()
+              if own == "config" and FLOOR[_package(module)] > FLOOR["config"]]
     assert upward and all(_composes(module, where) for module, where in upward), upward
     settings = sorted((ROOT / "services").glob("*/settings.py"))
     assert {f"services.{p.parent.name}.settings" for p in settings} == {m for m, _ in upward} | {"services.common.settings"}
-    # a settings module, and each config leaf, imports only config leaves (never services.common.config)
+    # a settings module, and each config leaf, imports only config leaves (never services.config)
     for path in settings + [ROOT / (leaf.replace(".", "/") + ".py") for leaf in CONFIG_LEAVES]:
         wrong = [f"{path.relative_to(ROOT)}:{line}: {module}" for line, module in _imports(path, ROOT)
                  if module.startswith("services") and module not in CONFIG_LEAVES]

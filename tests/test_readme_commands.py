@@ -2,12 +2,12 @@
 
 For each shell line in the README's code blocks:
 
-- ``mempo SUB ...`` (or ``.venv/bin/mempo``, ``python -m services.world`` / ``services.common.config``):
+- ``mempo SUB ...`` (or ``.venv/bin/mempo``, ``python -m services.world`` / ``services.config``):
   ``mempo SUB --help`` exits 0, and the line's own arguments go through the CLI's own parser
   (``services.cli.main``; each subcommand's argparse parser is stopped right after it parses, and
   ``load_config`` right after it validates, so nothing deploys, trains or builds). The config file
   and ``key=value`` overrides are validated by the function the CLI applies them with
-  (``services.cli._load`` -> ``services.common.config.load_config``): an unknown field fails.
+  (``services.cli._load`` -> ``services.config.load_config``): an unknown field fails.
 - ``make TARGET [VAR=value ...]``: TARGET is a Makefile target and VAR a variable the Makefile
   reads; ``CONFIG=`` must exist, ``ARGS="..."`` overrides are validated like the CLI's and
   ``VARIANTS=`` (like ``--variants``) names registered baselines.
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MAKEFILE = ROOT / "Makefile"
 TOOLS = ("mempo", "make", "curl", "python", "serve", "kubectl", "ray", "tensorboard")
-PY_MODULES = {"services.world": ["world"], "services.common.config": ["config"], "services.cli": []}
+PY_MODULES = {"services.world": ["world"], "services.config": ["config"], "services.cli": []}
 PATH_ROOTS = ("deploy/", "docs/", "bench/", "services/", "tests/", "scripts/")
 
 
@@ -148,7 +148,7 @@ def stopped_after_parsing():
     parsed its arguments, or validated its config, before it does anything."""
     import services.cli  # noqa: F401  (and what it imports, so every module holding load_config is loaded)
     import services.world.__main__  # noqa: F401
-    from services.common import config
+    from services import config
 
     real_load = config.load_config
 
@@ -289,7 +289,7 @@ SERVICE_MODULES = {"scorer": "services.scorer.service", "search": "services.sear
 @pytest.mark.filterwarnings("ignore:Duplicate Operation ID")  # FastAPI, building the OpenAPI schema
 @pytest.mark.parametrize("n,text,argv", by_tool("curl"))
 def test_curl_hits_a_real_route_with_a_valid_body(n, text, argv):
-    from services.common.config import load_config
+    from services.config import load_config
     from services.pipeline.apps import route_prefix
 
     line = where(n, text)

@@ -1,7 +1,7 @@
 """The building blocks of every config section: the section base class, field marks and shared types.
 
 Each service declares its own section in its package (``services/<package>/settings.py``) from these
-pieces; services/common/config.py composes the sections into one tree. A leaf: it imports pydantic only.
+pieces; services/config.py composes the sections into one tree. A leaf: it imports pydantic only.
 
     class SearchConfig(Section):
         topk: int = Field(
@@ -18,6 +18,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 PositiveInt = Annotated[int, Field(ge=1)]
 BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the offending field(s)."""
 
 
 def _custom_resources(value: dict) -> dict:

@@ -18,9 +18,12 @@ from __future__ import annotations
 import json
 from math import prod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from services.common.config import MempoConfig
 from services.common.model_io import checkpoint_shapes
+
+if TYPE_CHECKING:  # the composed config lives above common (services/config.py)
+    from services.config import MempoConfig
 
 PRETRAINED_PARAMS = 20_000_000
 SAFE_LR = {"learner.sft_lr": 1e-4, "learner.lr": 2e-5}  # deploy/configs/smollm2.yaml stays below both

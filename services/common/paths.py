@@ -23,8 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from services.common.config import ConfigError, MempoConfig
+from services.common.config_fields import ConfigError
+
+if TYPE_CHECKING:  # the composed config lives above common (services/config.py)
+    from services.config import MempoConfig
 
 FORMAT_VERSION = 1  # bump when the layout of a built world changes
 # The code that generates a world's content: editing any of it gives a new key (a rebuild).

@@ -2,7 +2,7 @@
 
 A section belongs to the package whose code it configures (``services/<package>/settings.py``); these
 three are shared by the rollout, the scorer and the learner alike, so they live in common.
-services/common/config.py composes every section into one tree; see it for loading and overrides.
+services/config.py composes every section into one tree; see it for loading and overrides.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from typing import Optional
 import numpy as np
 
 from services.common.choices import MEM_CREDIT_SCOPES, MEM_CREDITS, MEM_POOLINGS
-from services.common.config import AlgorithmConfig
+from services.config import AlgorithmConfig
 from services.common.messages import Episode, MemoryScoreBatch, TrajectoryBatch
 from services.common.rewards import multi_objective_em, multi_objective_f1
 

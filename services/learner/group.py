@@ -26,7 +26,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from services.common.codec import encode
-from services.common.config import MempoConfig, actor_options, learner_worker_gpus
+from services.config import MempoConfig, actor_options, learner_worker_gpus
 from services.common.messages import TrainingBatch
 from services.learner.checkpoint import latest_complete, step_dir
 from services.learner.rendezvous import LOOPBACK, NODE

@@ -32,11 +32,11 @@ import ray
 from ray import serve
 
 from services.common.codec import decode
-from services.common.config import MempoConfig, actor_options, replica_config
+from services.config import MempoConfig, actor_options, replica_config
 from services.common.messages import MemoryScoreBatch, TrajectoryBatch
 from services.common.paths import model_path
 from services.common.retention import retention_metrics
-from services.common.serve_version import pinned
+from services.serve_version import pinned
 from services.learner.ledger import Ledger
 
 log = logging.getLogger("mempo.learner")

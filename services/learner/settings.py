@@ -1,6 +1,6 @@
 """The ``algorithm`` and ``learner`` config sections: rewards and advantages (GRPO, the memory
 reward's credit and pooling), and the policy update (PPO clip, KL, FSDP, checkpoints, weight
-publication). Composed into the config tree by services/common/config.py.
+publication). Composed into the config tree by services/config.py.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from services.common.codec import decode
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.messages import TrainingBatch
 from services.common.model_io import model_dtype
 from services.learner.checkpoint import load_sharded, save_sharded

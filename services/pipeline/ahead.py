@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.data import PromptStream
 from services.common.messages import PromptBatch
 

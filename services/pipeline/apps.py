@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.local_ray import init_keeping_sigterm, join_options, local_init_options
 from services.common.replicas import ReplicaWatch, start_limit_s
 from services.pipeline.plan import actors, deployed, fit, live_nodes, totals

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.data import load_prompts
 from services.common.local_cluster import LocalCluster
 from services.common.local_ray import LOOPBACK_ENV, free_ports, join_options

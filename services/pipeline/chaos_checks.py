@@ -29,7 +29,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.data import PromptStream, load_prompts
 from services.common.paths import data_path
 from services.learner import ledger

@@ -17,7 +17,7 @@ starts, if that folder holds none yet (copy or link a policy there to reuse one)
 once, as ``sft:<name>``, and the variant's change is measured against it.
 
 The services stay up between variants: a deployment whose config sections a variant leaves alone
-(services/common/service_sections.py) keeps its replicas, and the SFT start is published to them at
+(services/config.py) keeps its replicas, and the SFT start is published to them at
 version 0, the weights a fresh replica loads; only what the variant changes restarts (the learner
 always: its run, optimizer and policy are the variant's own). ``startup.json`` records each variant's
 start-up seconds per service and the replicas that served it.
@@ -41,7 +41,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.config import MempoConfig, field_baselines, load_config
+from services.config import MempoConfig, field_baselines, load_config
 from services.common.paths import check_no_silent_world, corpus_needed
 from services.pipeline.report import by_str_k, draw_panels, markdown_table, pairs_table, write_samples
 from services.pipeline.runlog import read_rows

@@ -14,7 +14,7 @@ import sys
 
 from tqdm import tqdm
 
-from services.common.config import config_args, load_config
+from services.config import config_args, load_config
 from services.common.paths import data_path
 
 def _ks(text: str) -> list[int]:

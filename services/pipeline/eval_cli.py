@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.paths import corpus_needed, is_adapter_folder
 from services.pipeline.report import diagnostics_table, markdown_table, pairs_table, write_report
 from services.pipeline.runlog import read_rows

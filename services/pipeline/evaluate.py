@@ -30,7 +30,7 @@ import ray
 from tqdm import tqdm
 
 from services.common.codec import decode
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.data import prompts_per_k
 from services.common.messages import MemoryScoreBatch, Prompt, PromptBatch, TrajectoryBatch
 from services.common.paths import data_path, model_path

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from services.common.config import MempoConfig, learner_worker_gpus
+from services.config import MempoConfig, learner_worker_gpus
 from services.common.local_ray import init_keeping_sigterm, join_options
 from services.pipeline.registry import ROOT, SERVICES, app_name, route_prefix
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.pipeline import plan
 
 

@@ -4,13 +4,13 @@
     svc.app(cfg)           # the bound Serve application (what `mempo train` and serve_apps deploy)
     svc.options(cfg)       # its deployment options (`mempo plan`, the resource check, the Serve config)
     svc.driver(handle, cfg)  # what the training loop calls (None: the bare handle)
-    svc.sections           # the config sections its replicas read (derived: services/common/service_sections.py)
+    svc.sections           # the config sections its replicas read (derived: services/config.py)
     svc.restart            # what a replica Serve starts in place of a dead one needs (RESTART_RULES)
 
 Every place that lists the services reads this table: services/pipeline/apps.py (``application``,
 ``Pipeline.start``, ``wired``, ``scale``), services/pipeline/plan.py (``deployments``, the Serve config),
 services/pipeline/serve_apps.py (one builder per service), ``mempo serve --apps`` and ``mempo scale``;
-the Serve code version (services/common/serve_version.py) reads the sections each service package
+the Serve code version (services/serve_version.py) reads the sections each service package
 declares in its settings.py. A new service is one entry here and its package (docs/extending.md);
 tests/pipeline/test_registry.py checks that they agree.
 
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from services.common.service_sections import sections_read
+from services.config import sections_read
 
 if TYPE_CHECKING:  # only a type here: the registry stays a leaf that `mempo --help` reads cheaply
-    from services.common.config import MempoConfig
+    from services.config import MempoConfig
 
 ROOT = Path(__file__).resolve().parents[2]  # the project root: serve_apps' relative paths resolve against it
 

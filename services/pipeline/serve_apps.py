@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.common.config import MempoConfig, load_config
+from services.config import MempoConfig, load_config
 from services.pipeline.registry import ROOT, SERVICES, application, wired
 from services.world.build import prepare_world
 

@@ -1,6 +1,6 @@
 """The ``train`` and ``eval`` config sections: the training loop (steps, data, the SFT cold start,
 evaluation cadence, staleness, the run folder) and held-out evaluation. Only the driver reads them.
-Composed into the config tree by services/common/config.py.
+Composed into the config tree by services/config.py.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.messages import ChatMessage, Prompt, TrainingBatch
 from services.common.model_checks import check_model, lr_warnings
 from services.common.paths import data_path, model_path

@@ -27,7 +27,7 @@ from pathlib import Path
 import ray
 from tqdm import tqdm
 
-from services.common.config import MempoConfig, to_yaml
+from services.config import MempoConfig, to_yaml
 from services.common.data import PromptStream, load_prompts
 from services.common.model_checks import check_model, lr_warnings
 from services.common.paths import corpus_needed, data_path, model_path

@@ -24,7 +24,7 @@ import zlib
 
 import numpy as np
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.messages import Episode, Prompt, PromptBatch, RolloutGroup, TrajectoryBatch
 from services.common.turn_format import render_information
 from services.rollout.engine import PolicyEngine

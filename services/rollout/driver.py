@@ -18,7 +18,7 @@ import ray
 
 from services.common.calls import call_all, serve_ref
 from services.common.codec import encode
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.messages import PromptBatch
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.model_io import checkpoint_shapes, model_dtype, validate_weights
 
 log = logging.getLogger("mempo.rollout")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from services.common.chat_turns import after_eos, resolve_observation_template
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.messages import Episode, Prompt, TurnRecord
 from services.common.model_io import chat_ids
 from services.common.token_text import TokenText, clean

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import httpx
 
-from services.common.config import SearchConfig
+from services.config import SearchConfig
 from services.common.passage_format import format_passages
 from services.common.turn_format import render_information
 

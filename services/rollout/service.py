@@ -32,10 +32,10 @@ from ray import serve
 
 from services.common.calls import require_version
 from services.common.codec import decode, encode
-from services.common.config import MempoConfig, actor_options, replica_config
+from services.config import MempoConfig, actor_options, replica_config
 from services.common.messages import PromptBatch, WeightUpdate
 from services.common.paths import model_path
-from services.common.serve_version import pinned
+from services.serve_version import pinned
 
 log = logging.getLogger("mempo.rollout")
 

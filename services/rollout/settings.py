@@ -1,8 +1,8 @@
 """The ``rollout`` config section: the agent loop (group size, turn and token limits, sampling, the
-system prompt and turn grammar, replicas). Composed into the config tree by services/common/config.py.
+system prompt and turn grammar, replicas). Composed into the config tree by services/config.py.
 
 ``READS`` names the other sections the rollout's replicas read; with the section this package
-declares, it is the rollout's entry of the section map (services/common/service_sections.py).
+declares, it is the rollout's entry of the section map (services/config.py).
 """
 
 from __future__ import annotations

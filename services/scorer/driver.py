@@ -18,7 +18,7 @@ import logging
 import ray
 
 from services.common.calls import call_all, serve_ref
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 
 log = logging.getLogger("mempo.scorer")
 

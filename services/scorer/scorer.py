@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from services.common.choices import SCORED_ANSWERS
-from services.common.config import MempoConfig, ScorerConfig, fields_marked
+from services.config import MempoConfig, ScorerConfig, fields_marked
 from services.common.memory_reward import memory_reward
 from services.common.memory_sections import memory_sections
 from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch

@@ -44,7 +44,7 @@ from ray import serve
 
 from services.common.calls import require_version
 from services.common.codec import decode, encode
-from services.common.config import (MempoConfig, ScorerConfig, actor_options, fields_marked, replica_config,
+from services.config import (MempoConfig, ScorerConfig, actor_options, fields_marked, replica_config,
                                     scorer_token_budget, updated_section)
 from services.common.http import ERROR_RESPONSES, ErrorBody, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
@@ -52,7 +52,7 @@ from services.common.rest_auth import configure_auth, install_auth
 from services.common.messages import TrajectoryBatch, WeightUpdate
 from services.common.model_io import model_dtype, validate_weights
 from services.common.paths import model_path
-from services.common.serve_version import pinned
+from services.serve_version import pinned
 from services.common.weight_broadcast import Receiver
 from services.scorer.admission import Busy, Gate
 from services.scorer.schema import ChatTurn, ScoreResponse, TextScoreRequest, TokenScoreRequest  # noqa: F401 (ChatTurn: /docs)

@@ -1,6 +1,6 @@
 """The ``scorer`` config section: the memory reward's scoring rule (tau, filters, averages, the
 answer continuation) and the REST endpoint's limits. Composed into the config tree by
-services/common/config.py.
+services/config.py.
 """
 
 from __future__ import annotations

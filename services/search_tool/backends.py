@@ -24,7 +24,7 @@ import logging
 from pathlib import Path
 from typing import Protocol, Union
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.jsonl import read_jsonl
 from services.common.paths import corpus_path, index_dir
 from services.search_tool.bm25_index import BM25Index

@@ -34,12 +34,12 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from ray import serve
 
-from services.common.config import (MempoConfig, SearchConfig, actor_options, fields_marked, replica_config,
+from services.config import (MempoConfig, SearchConfig, actor_options, fields_marked, replica_config,
                                     updated_section)
 from services.common.http import ERROR_RESPONSES, document_body, install_error_handlers, parse_model, read_json
 from services.common.http import HttpError as BadRequest
 from services.common.rest_auth import configure_auth, install_auth
-from services.common.serve_version import pinned
+from services.serve_version import pinned
 
 log = logging.getLogger("mempo.search")
 app = FastAPI(title="mempo search", description="Search-R1 compatible retrieval for MemPO agents.")

@@ -1,6 +1,6 @@
 """The ``search`` config section: the retrieval service (backend, corpus, index, request limits,
 batching, replicas and autoscaling) and the client the agent calls it with. Composed into the config
-tree by services/common/config.py.
+tree by services/config.py.
 """
 
 from __future__ import annotations

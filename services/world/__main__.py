@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from services.common.config import ConfigError, load_config
+from services.config import ConfigError, load_config
 from services.common.paths import world_dir
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.jsonl import write_jsonl
 from services.common.paths import (FORMAT_VERSION, check_no_silent_world, is_built, qwen_tokenizer_path, resolved,
                                    uses_world, world_dir)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from services.common.config import WorldConfig
+from services.config import WorldConfig
 from services.world.entities import World
 from services.world.relations import ENTITY_LIST, page_text
 

@@ -17,7 +17,7 @@ import dataclasses
 import random
 from dataclasses import dataclass, field
 
-from services.common.config import WorldConfig
+from services.config import WorldConfig
 
 _ONSETS = ["b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "r", "s", "st",
            "t", "tr", "v", "w", "z", "th", "sh", "ch", "kr", "pl", "fl"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.search_tool.bm25_index import BM25Index
 from services.world.build import index_oracle
 from services.world.questions import questions_of

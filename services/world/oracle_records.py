@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from services.common.config import MempoConfig
+from services.config import MempoConfig
 from services.common.data import row_to_prompt
 from services.common.messages import RolloutGroup
 from services.rollout.records import EpisodeBuilder, episode_from_transcript

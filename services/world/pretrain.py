@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from services.common.config import WorldConfig
+from services.config import WorldConfig
 
 
 def pack_blocks(docs: list[list[int]], sep: int, seq_len: int, seed: int) -> np.ndarray:

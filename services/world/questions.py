@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from services.common.config import WorldConfig
+from services.config import WorldConfig
 from services.world.entities import World
 from services.world.relations import ENTITY_LIST, RELATIONS, TWO_HOP
 

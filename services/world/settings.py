@@ -1,6 +1,6 @@
 """The ``world`` config section: the embedded synthetic world (entities, corpus, questions, oracle,
 tokenizer, tiny model) that `mempo world` builds. Composed into the config tree by
-services/common/config.py; every field's help is printed by ``mempo config --help-fields``.
+services/config.py; every field's help is printed by ``mempo config --help-fields``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
-from services.common.config import ModelConfig
+from services.config import ModelConfig
 
 
 def tiny_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:

@@ -70,7 +70,7 @@ def test_a_replica_behind_the_required_version_refuses():
 def test_an_early_scoring_call_no_replica_takes_is_left_to_score(ray_cluster):
     """ScorerDriver.start is a head start: when its launch fails (no replica within the call timeout)
     it returns None instead of raising into the rollout loop, and score() sends that call itself."""
-    from services.common.config import MempoConfig
+    from services.config import MempoConfig
     from services.scorer.driver import ScorerDriver
 
     ray = ray_cluster

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from services.common.choices import MEM_CREDIT_SCOPES, MEM_CREDITS, MEM_POOLINGS, SCORED_ANSWERS, Choices
-from services.common.config import AlgorithmConfig, ConfigError, MempoConfig, load_config
+from services.config import AlgorithmConfig, ConfigError, MempoConfig, load_config
 from services.common.memory_reward import AVERAGES, FILTERS, average_p, memory_reward
 from services.common.messages import TrajectoryBatch
 from services.learner.advantages import CREDIT_SCOPES, compute_advantages, mem_credit

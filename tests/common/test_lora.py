@@ -7,7 +7,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common import lora as L
 
 

@@ -85,7 +85,7 @@ def test_average_and_spans_are_checked():
 
 
 def test_every_rule_is_a_config_choice_and_an_unknown_one_is_refused():
-    from services.common.config import ConfigError, load_config
+    from services.config import ConfigError, load_config
     from services.common.memory_reward import AVERAGES, FILTERS
 
     for name in FILTERS:
@@ -94,7 +94,7 @@ def test_every_rule_is_a_config_choice_and_an_unknown_one_is_refused():
         assert load_config(None, [f"scorer.average={name}"]).scorer.average == name
     with pytest.raises(ConfigError, match="scorer.average: .*'median' is not one of geometric, per_question"):
         load_config(None, ["scorer.average=median"])
-    from services.common.config import describe_fields
+    from services.config import describe_fields
 
     helps = {k: h for k, _, h in describe_fields()}
     assert all(r.description in helps["scorer.filter_mode"] for r in FILTERS.values())  # the help lists every rule

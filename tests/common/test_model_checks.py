@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.model_checks import PRETRAINED_PARAMS, lr_warnings, param_count
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.paths import data_path, model_path, resolved, uses_world, world_dir
 
 TINY = "deploy/configs/tiny.yaml"
@@ -45,7 +45,7 @@ def test_a_missing_model_folder_of_make_model_says_how_to_write_it():
 def test_own_data_with_a_path_still_world_stops_with_the_settings_to_give(tmp_path):
     """No silent world: a command that reads the user's data or model never fills a forgotten path
     from the synthetic world; it names every setting to give, and checks only what the command reads."""
-    from services.common.config import ConfigError
+    from services.config import ConfigError
     from services.common.paths import check_no_silent_world
     from services.world.build import prepare_world
 

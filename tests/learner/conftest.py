@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.messages import TrajectoryBatch
 from services.learner.advantages import compute_advantages
 from services.learner.samples import training_batch

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.config import AlgorithmConfig
+from services.config import AlgorithmConfig
 from services.common.messages import (
     ChatMessage,
     Episode,

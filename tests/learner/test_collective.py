@@ -15,7 +15,7 @@ import torch
 from ray import serve
 from safetensors.torch import load_file
 
-from services.common.config import load_config
+from services.config import load_config
 from services.learner.collective import CollectivePublisher
 from services.learner.publish import ObjectStorePublisher
 from services.scorer.service import scorer_app

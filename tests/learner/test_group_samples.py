@@ -3,7 +3,7 @@ episode's reward and advantage and each block's memory score and A_mem, capped p
 
 import json
 
-from services.common.config import AlgorithmConfig
+from services.config import AlgorithmConfig
 from services.common.messages import TrajectoryBatch
 from services.learner.advantages import compute_advantages
 from services.learner.group_samples import decoded_group, group_records

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from services.common.config import LearnerConfig
+from services.config import LearnerConfig
 from services.learner.memory import GIB, budget_advice, estimate_peak
 
 SMOLLM2 = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

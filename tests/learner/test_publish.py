@@ -10,7 +10,7 @@ from ray import serve
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.messages import TrajectoryBatch
 from services.learner.advantages import compute_advantages
 from services.learner.group import LearnerGroup

@@ -8,7 +8,7 @@ the replicas and the object-store fallback are stubs.
 
 import torch
 
-from services.common.config import load_config
+from services.config import load_config
 from services.learner.collective import AUTO_GIVE_UP, CollectivePublisher
 
 

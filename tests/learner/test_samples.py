@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 from transformers import AutoTokenizer
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.messages import TrajectoryBatch
 from services.learner.advantages import compute_advantages
 from services.learner.samples import Sample, pack, turn_samples

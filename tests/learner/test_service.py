@@ -4,7 +4,7 @@ object store and by the collective, ``learner.publish``)."""
 import pytest
 from ray import serve
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.data import load_prompts
 from services.common.messages import PromptBatch
 from services.learner.service import learner_app

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.data import PromptStream
 from services.common.messages import ChatMessage, Prompt
 from services.pipeline.ahead import RolloutsAhead

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from services.common.config import load_config
+from services.config import load_config
 from services.pipeline.compare import compare
 from services.pipeline.runlog import read_rows
 

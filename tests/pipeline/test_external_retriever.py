@@ -15,7 +15,7 @@ import json
 import httpx
 import pytest
 
-from services.common.config import load_config
+from services.config import load_config
 from tests.conftest import TINY_CONFIG
 
 URL = "http://127.0.0.1:9/retrieve"

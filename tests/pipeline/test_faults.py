@@ -28,7 +28,7 @@ import pytest
 import ray
 from ray import serve
 
-from services.common.config import load_config
+from services.config import load_config
 from services.learner import ledger
 from services.pipeline.chaos_checks import check_starts
 from services.pipeline.runlog import read_rows

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from services.common.config import ConfigError, load_config
+from services.config import ConfigError, load_config
 from services.common.data import PromptStream, load_prompts
 from services.rollout.settings import DEFAULT_SYSTEM_PROMPT
 from services.pipeline.apps import app_name, route_prefix, wired
@@ -206,7 +206,7 @@ def test_serve_app_args_resolve_paths_against_the_project_root():
 
 
 def test_replica_counts_are_not_replica_arguments():
-    from services.common.config import replica_config
+    from services.config import replica_config
 
     a, b = load_config(TINY), load_config(TINY, ["rollout.replicas=3", "scorer.replicas=2"])
     assert replica_config(a) == replica_config(b)

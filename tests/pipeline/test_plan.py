@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from services.cli import main
-from services.common.config import ConfigError, load_config
+from services.config import ConfigError, load_config
 from services.pipeline import plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from services.common import gguf_model
-from services.common.config import load_config
+from services.config import load_config
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ from types import FunctionType
 import pytest
 import yaml
 
-from services.common.config import LearnerConfig, load_config, replica_config
-from services.common.serve_version import deployment_version
-from services.common.service_sections import sections_read
+from services.config import LearnerConfig, load_config, replica_config
+from services.serve_version import deployment_version
+from services.config import sections_read
 from services.pipeline import plan, serve_apps
 from services.pipeline.apps import Pipeline
 from services.pipeline.registry import (POLICY_HOLDERS, RESTART_RULES, ROOT, SERVICES, _load, application,

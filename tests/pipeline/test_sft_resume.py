@@ -4,7 +4,7 @@ uninterrupted run (services/pipeline/sft.py); a checkpoint of other settings is 
 import pytest
 from safetensors.torch import load_file
 
-from services.common.config import load_config
+from services.config import load_config
 from services.learner.group import LearnerGroup
 from services.pipeline.runlog import read_rows
 from services.pipeline.sft import run_sft

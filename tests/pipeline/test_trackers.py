@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from services.common.config import load_config
+from services.config import load_config
 from services.pipeline.runlog import RunLog
 from services.pipeline.trackers import check_loggers, open_trackers, track_results
 

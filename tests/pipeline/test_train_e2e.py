@@ -16,7 +16,7 @@ import ray
 from ray import serve
 from safetensors.torch import load_file
 
-from services.common.config import load_config
+from services.config import load_config
 from services.pipeline.runlog import read_rows
 from services.pipeline.train import train
 from tests.pipeline.serve_waits import wait_while_serve_replaces

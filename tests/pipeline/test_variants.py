@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import MempoConfig, field_baselines, load_config, replica_config
-from services.common.serve_version import deployment_version
+from services.config import MempoConfig, field_baselines, load_config, replica_config
+from services.serve_version import deployment_version
 from services.pipeline.compare import (DEFAULT_VARIANTS, VARIANTS, Run, baseline_table, parse_variants, plan_runs,
                                       seed_tables, variant_config, variants_help)
 from services.pipeline.registry import SERVICES
@@ -64,7 +64,7 @@ def test_a_field_marked_as_a_baseline_is_a_variant_that_sets_it_away_from_its_de
 
 
 def _reads(service: str, key: str) -> bool:
-    """Whether ``service``'s version covers the dotted config ``key`` (services/common/serve_version.py)."""
+    """Whether ``service``'s version covers the dotted config ``key`` (services/serve_version.py)."""
     keep = SERVICES[service].sections
     return keep is None or key.split(".")[0] in keep or key in keep
 

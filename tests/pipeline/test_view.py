@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import AlgorithmConfig
+from services.config import AlgorithmConfig
 from services.common.messages import TrajectoryBatch
 from services.learner.advantages import compute_advantages
 from services.learner.group_samples import decoded_group, group_records

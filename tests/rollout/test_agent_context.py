@@ -2,7 +2,7 @@
 
 from transformers import AutoTokenizer
 
-from services.common.config import load_config
+from services.config import load_config
 from services.rollout.records import EpisodeBuilder
 
 

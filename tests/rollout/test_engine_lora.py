@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.common.config import load_config
+from services.config import load_config
 
 pytestmark = pytest.mark.slow
 

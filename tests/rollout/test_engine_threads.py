@@ -1,7 +1,7 @@
 """engine.cpu_threads: how many OpenMP threads a CPU engine gets (the deployed check is in
 test_service.py)."""
 
-from services.common.config import load_config
+from services.config import load_config
 from services.rollout.engine import cpu_threads
 
 TINY = "deploy/configs/tiny.yaml"
@@ -17,7 +17,7 @@ def test_cpu_threads_follow_the_config():
 def test_cpu_threads_reject_a_negative_count_below_minus_one():
     import pytest
 
-    from services.common.config import ConfigError
+    from services.config import ConfigError
 
     with pytest.raises(ConfigError, match="cpu_threads"):
         load_config(TINY, ["engine.cpu_threads=-2"])

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from services.common.config import ConfigError, load_config
+from services.config import ConfigError, load_config
 from services.rollout.search_client import SearchAnswerError, SearchClient, retrieve_url
 
 DOCS = [{"id": "7", "contents": '"Zentrix Labs"\nZentrix Labs was founded by Ada Quell.'},

@@ -7,7 +7,7 @@ import pytest
 import ray
 from ray import serve
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.data import load_prompts
 from services.common.messages import PromptBatch, TrajectoryBatch
 from services.common.transport import get_message

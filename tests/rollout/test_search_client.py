@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from services.common.config import load_config
+from services.config import load_config
 from services.rollout.search_client import SearchClient
 
 

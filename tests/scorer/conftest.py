@@ -8,7 +8,7 @@ def scorer_service(serve_http, grammar_model):
     """The scorer on the grammar model at route /scorer; yields (handle, base URL, config)."""
     from ray import serve
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.scorer.service import scorer_app
 
     cfg = load_config("deploy/configs/tiny.yaml", [f"model.path={grammar_model}", "scorer.num_cpus=0.25",

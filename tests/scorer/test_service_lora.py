@@ -21,7 +21,7 @@ RANK = 8
 def lora_scorer(serve_http, grammar_model):
     from ray import serve
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.scorer.service import scorer_app
 
     cfg = load_config("deploy/configs/tiny.yaml", [f"model.path={grammar_model}", "scorer.num_cpus=0.25",

@@ -6,7 +6,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from services.common.config import ScorerConfig, SearchConfig, fields_marked
+from services.config import ScorerConfig, SearchConfig, fields_marked
 from services.common.messages import MemoryScoreBatch
 from services.scorer import service as scorer_service
 from services.search_tool import service as search_service

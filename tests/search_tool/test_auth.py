@@ -18,7 +18,7 @@ QUERY = {"queries": ["university located in"], "topk": 2}
 def locked(serve_http, tiny_cfg, world, tmp_path_factory):
     from ray import serve
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.search_tool.service import search_app
 
     token_file = tmp_path_factory.mktemp("secret") / "token"
@@ -77,7 +77,7 @@ def test_a_replica_that_must_have_a_token_and_finds_none_fails_its_start_naming_
                                                                                             world, monkeypatch):
     from ray import serve
 
-    from services.common.config import load_config
+    from services.config import load_config
     from services.pipeline.start_errors import ServiceStartError, deploy
     from services.search_tool.service import search_app
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.jsonl import read_jsonl
 from services.search_tool.backends import load_backend
 from services.search_tool.dense_index import DenseIndex, TextEncoder

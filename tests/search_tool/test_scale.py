@@ -11,7 +11,7 @@ import faiss
 import numpy as np
 import pytest
 
-from services.common.config import load_config
+from services.config import load_config
 from services.search_tool import backends
 from services.search_tool.corpus_store import CorpusStore, offsets_current, write_offsets
 from services.search_tool.dense_index import DenseIndex, factory_string, read_faiss

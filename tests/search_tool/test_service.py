@@ -8,7 +8,7 @@ import httpx
 import pandas as pd
 import pytest
 
-from services.common.config import load_config
+from services.config import load_config
 from services.search_tool.bm25_index import BM25Index
 from services.search_tool.service import deployment_options
 from services.world.questions import questions_of

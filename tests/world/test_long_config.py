@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import load_config
+from services.config import load_config
 from services.world.build import build_world
 from services.world.lengths import episode_lengths, lengths_table, oracle_lengths
 

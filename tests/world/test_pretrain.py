@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.jsonl import read_jsonl
 from services.world.pretrain import lr_at, pack_blocks, pretrain
 from services.world.tiny_model import save_tiny_model

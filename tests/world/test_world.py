@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from services.common.config import load_config
+from services.config import load_config
 from services.common.jsonl import read_jsonl
 from services.common.passage_format import split_contents
 from services.common.paths import world_key

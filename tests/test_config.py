@@ -1,4 +1,4 @@
-"""The config tree (services/common/config.py): defaults, MemPO reference numbers, YAML + overrides,
+"""The config tree (services/config.py): defaults, MemPO reference numbers, YAML + overrides,
 and errors that name the field."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.common.config import ConfigError, MempoConfig, describe_fields, load_config, main, parse_override, to_yaml
+from services.config import ConfigError, MempoConfig, describe_fields, load_config, main, parse_override, to_yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEPLOY_CONFIGS = sorted((REPO / "deploy" / "configs").glob("*.y*ml"))
 
 
@@ -213,7 +213,7 @@ def test_grpo_needs_groups_of_at_least_two():
         load_config(None, ["rollout.n=1"])
     from pydantic import ValidationError
 
-    from services.common.config import RolloutConfig
+    from services.config import RolloutConfig
 
     with pytest.raises(ValidationError, match="must be at least 2"):  # the section alone checks it too
         RolloutConfig(n=1)
@@ -228,7 +228,7 @@ def test_a_cross_section_check_names_the_field_to_change():
 
 
 def test_the_scorer_has_its_own_call_retries_and_replicas_do_not_see_them():
-    from services.common.config import replica_config
+    from services.config import replica_config
     from services.scorer.driver import ScorerDriver
 
     cfg = load_config(None, ["scorer.call_retries=5", "rollout.call_retries=1"])
@@ -247,7 +247,7 @@ def test_deploy_configs_load(path):
 
 
 def test_scorer_token_budget_never_exceeds_the_model_positions():
-    from services.common.config import scorer_token_budget
+    from services.config import scorer_token_budget
 
     tiny = load_config("deploy/configs/tiny.yaml")  # engine.max_model_len 2048 < the model's 4096 positions
     assert tiny.scorer.max_request_tokens == 0 and scorer_token_budget(tiny) == 2048

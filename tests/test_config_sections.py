@@ -1,4 +1,4 @@
-"""The section map (services/common/service_sections.py) is what the packages declare, and it covers
+"""The section map (services/config.py) is what the packages declare, and it covers
 every config section the services' code reads: a scan of each package for ``cfg.<section>``."""
 
 import ast
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import MempoConfig
-from services.common.service_sections import sections_read
+from services.config import MempoConfig
+from services.config import sections_read
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("search_tool", "rollout", "scorer", "learner")
 SECTION_NAMES = set(MempoConfig.model_fields)
 CONFIG_NAMES = {"cfg", "config"}  # what the services call a config (``cfg.x``, ``self.cfg.x``, ``config["x"]``)

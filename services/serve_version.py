@@ -11,7 +11,7 @@ the ``services`` package's source: same config and code, same version, running r
 replica-count change is a lightweight Serve update; anything else redeploys.
 
 The version of a service covers only the config sections its replicas read
-(services/common/service_sections.py, derived from what each service package declares):
+(services/config.py, derived from what each service package declares):
 two configs that differ elsewhere (another ``train.run_dir``, ``algorithm.use_memory_reward``, a learner
 setting) deploy the search, rollout and scorer replicas that already run, untouched, so ``mempo compare``
 restarts only what a variant changes. The replicas are still built with the whole config (the
@@ -29,13 +29,13 @@ import hashlib
 import json
 from pathlib import Path
 
-from services.common.service_sections import sections_read
+from services.config import sections_read
 
 
 @functools.lru_cache(maxsize=1)
 def source_digest() -> str:
     """SHA-256 of every ``services/**/*.py`` (path and bytes), computed once per process."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parent  # services/
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")

@@ -1,9 +1,9 @@
-"""The Serve code version of mempo's deployments (services/common/serve_version.py), without Ray."""
+"""The Serve code version of mempo's deployments (services/serve_version.py), without Ray."""
 
 import pytest
 
-from services.common.config import load_config, replica_config
-from services.common.serve_version import deployment_version, service_slice
+from services.config import load_config, replica_config
+from services.serve_version import deployment_version, service_slice
 
 TINY = "deploy/configs/tiny.yaml"
 PACKAGES = ("search_tool", "rollout", "scorer", "learner")  # the four services' packages

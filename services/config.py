@@ -7,11 +7,11 @@ string on its own lines and, where MemPO's reference implementation fixes a numb
 docs/algorithm.md), that number as its default. A run's config is a YAML file from ``deploy/configs/``
 plus ``key.sub=value`` overrides from the command line:
 
-    from services.common.config import load_config
+    from services.config import load_config
     cfg = load_config("deploy/configs/tiny.yaml", ["rollout.n=4", "scorer.tau=-1.0"])
 
-    python -m services.common.config deploy/configs/tiny.yaml rollout.n=4   # print the result
-    python -m services.common.config --help-fields                          # every field, documented
+    python -m services.config deploy/configs/tiny.yaml rollout.n=4   # print the result
+    python -m services.config --help-fields                          # every field, documented
 
 Unknown keys and bad values fail at load time with :class:`ConfigError`, naming the field.
 """
@@ -19,6 +19,8 @@ Unknown keys and bad values fail at load time with :class:`ConfigError`, naming 
 from __future__ import annotations
 
 import difflib
+import functools
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -29,7 +31,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 # The composition: the one place common imports a service package, and only its settings module,
 # which imports nothing but common's config leaves (tests/test_layering.py), so no import comes back.
-from services.common.config_fields import Section, field_baselines, fields_marked  # noqa: F401 (re-exported)
+from services.common.config_fields import ConfigError, Section, field_baselines, fields_marked  # noqa: F401 (re-exported)
 from services.common.settings import EngineConfig, ModelConfig, RayConfig
 from services.learner.settings import AlgorithmConfig, LearnerConfig
 from services.pipeline.settings import EvalConfig, TrainConfig
@@ -40,7 +42,7 @@ from services.world.settings import WorldConfig
 
 
 # A command's config when it names none (`mempo sft`, `mempo data transcripts`, ...): the laptop scale.
-DEFAULT_CONFIG = str(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "tiny.yaml")
+DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "deploy" / "configs" / "tiny.yaml")
 
 
 def config_args(args: list[str]) -> tuple[str, list[str]]:
@@ -48,10 +50,6 @@ def config_args(args: list[str]) -> tuple[str, list[str]]:
     file unless it is an override; none = ``DEFAULT_CONFIG``."""
     path = args[0] if args and "=" not in args[0] else DEFAULT_CONFIG
     return path, [a for a in args if a is not path]
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the offending field(s)."""
 
 
 class MempoConfig(Section):
@@ -265,6 +263,34 @@ def describe_fields(model: type[BaseModel] = MempoConfig, prefix: str = "") -> l
                          (f.description or "") + (" [runtime: a Serve user_config changes it on running replicas]"
                                                   if runtime else "")))
     return rows
+
+
+# -- the sections each service reads ----------------------------------------------------------------
+# A service package owns the sections its ``settings.py`` defines and names in ``READS`` the other sections
+# (or single fields, ``"rollout.system_prompt"``) its replicas read; ``READS = None`` means every section. A
+# service's Serve code version (services/serve_version.py) covers only these, so a config change restarts
+# exactly the services that read what changed; tests/test_config_sections.py scans each package for the
+# sections its code touches.
+
+@functools.lru_cache(maxsize=None)
+def sections_read(package: str) -> tuple[str, ...] | None:
+    """The config sections the replicas of ``services/<package>/`` read (None: every one): the sections
+    its settings module defines, then its ``READS``. A ValueError for a package with no settings module."""
+    name = f"services.{package}.settings"
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name not in (name, f"services.{package}"):
+            raise
+        raise ValueError(f"unknown service package {package!r}: services/{package}/settings.py declares a "
+                         f"service's config sections") from None
+    if not hasattr(module, "READS"):
+        raise ValueError(f"{name} declares no READS (the other config sections its replicas read, or None)")
+    if module.READS is None:
+        return None
+    owned = tuple(section for section, field in MempoConfig.model_fields.items()
+                  if field.annotation.__module__ == name)
+    return owned + tuple(module.READS)
 
 
 def main(argv: list[str] | None = None) -> int:
