@@ -37,7 +37,8 @@ def run(serve_http, grammar_model, world, tmp_path_factory):
         f"rollout.n={N}", "rollout.replicas=2", "rollout.num_cpus=0.2", "rollout.max_turns=3",
         "rollout.max_response_tokens=64", "rollout.groups_per_call=1", "rollout.call_retries=3",
         "search.num_cpus=0.05", "scorer.num_cpus=0.1", "learner.world_size=2", "learner.num_cpus_per_worker=0.1",
-        "learner.kl_coef=0", "learner.checkpoint_every=100", "eval.during_training_per_k=2", "eval.objectives=[1, 2]"])
+        "learner.kl_coef=0", "learner.checkpoint_every=100", "eval.during_training_per_k=2", "eval.objectives=[1, 2]",
+        "train.loggers=[tensorboard, mlflow, wandb]", "train.wandb_mode=offline"])
     out = train(cfg)
     yield cfg, out, run_dir
     out["pipeline"].shutdown()
@@ -78,10 +79,30 @@ def test_a_complete_run_trained_again_trains_nothing_and_leaves_the_replicas_on_
     cfg, out, run_dir = run
     pipe = out["pipeline"]
     pipe.publish_model(str(grammar_model), version=0)  # as `mempo compare` hands the next variant its start
+    tracked = json.loads((run_dir / "trackers.json").read_text())
     again = train(cfg)  # the same run, complete: resumes at step 2 and trains nothing
     assert again["step"] == 2 and [r["step"] for r in read_rows(run_dir / "metrics.jsonl", "train")] == [1, 2]
     assert [r["version"] for r in again["pipeline"].rollout.handle.broadcast("info").results()] == [2, 2]
     assert [r["version"] for r in again["pipeline"].scorer.handle.broadcast("info").results()] == [2]
+    assert json.loads((run_dir / "trackers.json").read_text()) == tracked  # the resumed run: the same tracked runs
+
+
+def test_the_runs_metrics_reach_mlflow_and_wandb(run):
+    # train.loggers=[tensorboard, mlflow, wandb]: read back with MLflow's own client and W&B's run records
+    from mlflow.tracking import MlflowClient
+
+    from tests.pipeline.test_trackers import history, wandb_records
+
+    cfg, out, run_dir = run
+    run_id = json.loads((run_dir / "trackers.json").read_text())["mlflow"]
+    client = MlflowClient((run_dir / "mlruns").resolve().as_uri())
+    tracked = client.get_run(run_id)
+    assert tracked.data.params["rollout.n"] == str(N) and tracked.info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train/reward_mean"))[:2] == [1, 2]
+    assert sorted(m.step for m in client.get_metric_history(run_id, "eval/em"))[:2] == [0, 2]
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"metrics.jsonl", "pipeline.yaml"}
+    rows = history(wandb_records(run_dir))
+    assert [h["_step"] for h in rows if "train/reward_mean" in h][:2] == [1, 2]
 
 
 def test_mempo_view_of_the_run_in_a_real_browser_re_scores_an_edited_memory_through_the_live_scorer(
