@@ -109,13 +109,14 @@ class Wandb:
         if mode == "auto":
             mode = "online" if _wandb_key() else "offline"
         run_id = _state(folder).get("wandb") or secrets.token_hex(4)  # W&B ids: [a-z0-9], 8 here
-        self.run = wandb.init(project=cfg.train.wandb_project, name=_run_name(folder, job), job_type=job,
+        self.name = _run_name(folder, job)
+        self.run = wandb.init(project=cfg.train.wandb_project, name=self.name, job_type=job,
                               id=run_id, resume="allow", dir=str(folder), mode=mode,
                               config=cfg.model_dump(mode="json"),
                               settings=wandb.Settings(silent=True, console="off"))
         self.run.config.update({"resumed_at_step": resume_step}, allow_val_change=True)
         _save_state(folder, "wandb", run_id)
-        self.wandb, self.name = wandb, _run_name(folder, job)
+        self.wandb = wandb
         log.info("W&B run %s (%s) in %s", run_id, mode, folder / "wandb")
 
     def log(self, kind: str, step: int, row: dict) -> None:
