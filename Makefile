@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup model test test-fast world run starts bench gpu-check clean
+.PHONY: setup model test test-fast test-scenarios world run starts bench gpu-check clean
 
 setup: $(STAMP) model
 
@@ -26,11 +26,16 @@ CONFIG ?= deploy/configs/tiny.yaml
 world: $(STAMP)
 	$(PY) -m services.world build $(CONFIG)
 
+# Tests in tiers: test-fast = no vLLM engine and no Ray cluster (minutes); test-scenarios = whole runs under
+# faults, chaos, several nodes, the real model (tests/scenarios/); test = every tier.
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
+
+test-scenarios: $(STAMP)
+	$(PY) -m pytest -q --durations=15 tests/scenarios
 
 # The main job: world -> SFT cold start -> MemPO RL -> held-out eval of both policies -> report
 # (<train.run_dir>/report.md and curves.png). Extra overrides: make run ARGS="train.steps=40".

@@ -106,7 +106,7 @@ def join_options(address: str) -> dict[str, Any]:
 
 # Serve kills an HTTP proxy that is not ready within 5 s of its start (RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S),
 # and ``serve.start`` then fails with the proxy's ActorDiedError: on a loaded 2-core machine a proxy's start
-# takes longer (seen in the fault tests under a one-core CPU hog). A node mempo starts gives it a minute.
+# takes longer. A node mempo starts gives it a minute.
 # Its proxies also answer a request whose replica died before answering with 503 + Retry-After, not 500
 # (services/common/proxy_middleware.py; Serve reads the callback from its proxies' environment).
 SERVE_NODE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",

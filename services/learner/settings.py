@@ -224,8 +224,8 @@ class LearnerConfig(Section):
     activation_checkpointing: bool = Field(
         False,
         description=(
-            "Recompute each decoder layer's activations in the backward, keeping only its input. SmolLM2-135M on "
-            "CPU at 4,096 tokens: peak 10.7 -> 5.5 GB, a step ~12% slower (bench/learner_memory.py)."
+            "Recompute each decoder layer's activations in the backward, keeping only its input: about half the "
+            "learner's peak memory for a slightly slower step (figures: bench/learner_memory.py, bench/README.md)."
         ),
     )
     world_size: int = Field(
@@ -272,11 +272,9 @@ class LearnerConfig(Section):
         16.0, ge=0,
         description=(
             "learner.publish=auto: the smallest state dict (MB, 1e6 bytes) published by the collective; a smaller "
-            "one goes by the object store. Measured with bench/publish.py on 2 CPU cores (1 rollout + 1 scorer "
-            "replica): tiny model 2 MB, object store 0.086 s vs collective 0.108 s; SmolLM2-135M bf16 269 MB 1.55 "
-            "vs 0.88 s, fp32 538 MB 4.96 vs 1.44 s; a line per path through its seconds at 2 MB and at 269 or "
-            "538 MB crosses at 5-16 MB in the three runs of bench/README.md, so 16 keeps small models on the "
-            "object store."
+            "one goes by the object store, which is faster for a few MB (the collective's fixed cost per "
+            "publication) and slower for hundreds; the crossing point is measured by bench/publish.py "
+            "(bench/README.md)."
         ),
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(

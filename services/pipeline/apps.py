@@ -18,7 +18,6 @@ the scorer at ``/scorer`` (``POST /scorer/score``); with a prefix p: ``/{p}searc
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from services.common.replicas import ReplicaWatch, start_limit_s
 from services.pipeline.plan import actors, deployed, fit, live_nodes, totals
 from services.pipeline.registry import (POLICY_HOLDERS, SERVICES, app_name, application, route_prefix, service,
                                         wired)
-from services.pipeline.start_errors import deploy
+from services.pipeline.start_errors import Target, delete_all, deploy, deploy_all
 from services.world.build import prepare_world
 
 log = logging.getLogger("mempo.pipeline")
@@ -89,20 +88,19 @@ class Pipeline:
     def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = tuple(SERVICES)) -> "Pipeline":
         cfg = wired(prepare_world(cfg))  # the world is built here, once; replicas get concrete paths
         connect(cfg)
-        # search first (the agent calls it), then the policy copies, then the learner that feeds them; no search
-        # with search.url (the rollout calls that external server)
+        # search, the policy copies, the learner (the order of pipe.apps and of the logs); no search with
+        # search.url (the rollout calls that external server)
         order = deployed(cfg, services)
         if "search" in services and "search" not in order:
             log.info("search is external (search.url=%s): not deployed", cfg.search.url)
         check_resources(cfg, order, strict=not cfg.ray.address)  # a cluster with an autoscaler may grow
-        pipe = cls(cfg, [])
+        pipe = cls(cfg, [app_name(cfg, name) for name in order])
+        # every service submitted at once: their replicas start side by side (a learner that publishes to the
+        # policy copies finds their applications already registered, and sends nothing before a step)
+        started = deploy_all([Target(application(cfg, name), app_name(cfg, name), route_prefix(cfg, name), name)
+                              for name in order])
         for name in order:
-            t0 = time.perf_counter()
-            app = app_name(cfg, name)
-            handle = deploy(application(cfg, name), app, route_prefix(cfg, name), name)
-            pipe.apps.append(app)
-            pipe.start_s[name] = time.perf_counter() - t0
-            log.info("%s is up (%.1fs)", app, pipe.start_s[name])
+            handle, pipe.start_s[name] = started[name]
             setattr(pipe, name, SERVICES[name].driver(handle, cfg))
         for name in order:  # once all are up: a replica's watch, and the resync a replaced policy copy needs
             if SERVICES[name].driver_class is not None:
@@ -164,10 +162,7 @@ class Pipeline:
         return ObjectStorePublisher(handles).publish(load_hf_state(model_dir), version)
 
     def shutdown(self) -> None:
-        from ray import serve  # Ray on use (see connect)
-
-        for name in reversed(self.apps):
-            serve.delete(name)
+        delete_all(self.apps)
         self.apps = []
 
 

@@ -42,6 +42,7 @@ from services.common.paths import data_path
 from services.learner import ledger
 from services.pipeline import chaos_checks
 from services.pipeline.chaos_faults import Fault, Injector
+from services.pipeline.start_errors import delete_all
 from services.pipeline.rest_load import RestLoad, summary
 
 MEMPO = str(Path(sys.executable).parent / "mempo")
@@ -192,9 +193,7 @@ def use_cluster_auth(cluster: LocalCluster) -> None:
 def delete_apps(prefix: str) -> None:
     from ray import serve  # Ray on use
 
-    for name in list(serve.status().applications):
-        if name.startswith(prefix):
-            serve.delete(name)
+    delete_all([name for name in serve.status().applications if name.startswith(prefix)])
 
 
 def em_outcome(episodes: Path) -> dict:

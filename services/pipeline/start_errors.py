@@ -1,4 +1,4 @@
-"""Deploy one service with Serve and, when its replicas fail to start, say why at the command line.
+"""Deploy services with Serve and, when their replicas fail to start, say why at the command line.
 
 ``serve.run`` reports a replica that keeps failing in its constructor only as "Deploying application
 learner failed: Failed to update the deployments ['learner']"; the exception itself (a missing
@@ -9,12 +9,18 @@ it), so the CLI prints it:
 
     handle = deploy(app, name="learner", route_prefix=None, service="learner")
     # error: the learner service failed to start: FileNotFoundError: runs/x/checkpoints/... is missing ...
+
+``deploy_all`` submits several applications in one call, so their replicas start side by side (a vLLM
+engine, a scorer and an FSDP group each spend their start in imports and model loads), and returns each
+one's handle with the seconds it took to run; ``delete_all`` removes several the same way.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import time
+from dataclasses import dataclass
 
 log = logging.getLogger("mempo.pipeline")
 
@@ -81,3 +87,58 @@ def deploy(app, name: str, route_prefix: str | None, service: str):
         if detail:
             log.debug("%s failed to start:\n%s", name, detail)
         raise ServiceStartError(service, cause or str(e), detail) from None
+
+
+@dataclass
+class Target:
+    """One application for ``deploy_all``: the bound app, its Serve name and route, the service it runs."""
+    app: object
+    name: str
+    route_prefix: str | None
+    service: str
+
+
+def deploy_all(targets: list[Target], poll_s: float = 0.2) -> dict[str, tuple[object, float]]:
+    """Deploy every target in one ``serve.run_many`` call and wait until all run: service -> (handle,
+    seconds from the call until its application ran). The first application whose start fails raises
+    ``ServiceStartError`` naming its replica's exception (the others keep starting; the caller's
+    shutdown removes them, as after a failed ``deploy``)."""
+    from ray import serve
+    from ray.serve.api import RunTarget
+
+    t0 = time.perf_counter()
+    handles = serve.run_many([RunTarget(target=t.app, name=t.name, route_prefix=t.route_prefix) for t in targets],
+                             wait_for_applications_running=False)
+    waiting = {t.name: (t, h) for t, h in zip(targets, handles)}
+    out: dict[str, tuple[object, float]] = {}
+    while waiting:
+        apps = serve.status().applications
+        for name, (target, handle) in list(waiting.items()):
+            status = apps.get(name)
+            state = str(status.status) if status is not None else ""
+            if state.endswith("RUNNING"):
+                out[target.service] = (handle, time.perf_counter() - t0)
+                log.info("%s is up (%.1fs)", name, out[target.service][1])
+                del waiting[name]
+            elif state.endswith("DEPLOY_FAILED"):
+                cause, detail = startup_failure(name)
+                if detail:
+                    log.debug("%s failed to start:\n%s", name, detail)
+                raise ServiceStartError(target.service, cause or status.message or "its application failed", detail)
+        if waiting:
+            time.sleep(poll_s)
+    return out
+
+
+def delete_all(names: list[str], timeout_s: float = 60.0, poll_s: float = 0.2) -> None:
+    """Delete Serve applications side by side and wait until every one is gone (their replicas stop
+    together: an engine's and a learner group's shutdowns overlap); a timeout is logged, not raised."""
+    from ray import serve
+
+    for name in names:
+        serve.delete(name, _blocking=False)
+    deadline = time.monotonic() + timeout_s
+    while (left := sorted(set(names) & set(serve.status().applications))) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    if left:
+        log.warning("applications still shutting down after %.0fs: %s", timeout_s, ", ".join(left))

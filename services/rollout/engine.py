@@ -109,7 +109,7 @@ class PolicyEngine:
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
             # vLLM's default pins one OpenMP thread to every core of the machine; beside the search
             # replica, the front end and the other stages those pinned threads wait on each other
-            # (bench/rollout.py on 2 cores: the agent loop 1.3x faster with 1 unpinned thread than 2 pinned).
+            # (bench/rollout.py compares the two bindings).
             # A binding the environment set is the user's; one this process set is ours to change.
             threads, ours = cpu_threads(self.cfg), os.environ.get(_OURS) == "1"
             if threads and (ours or "VLLM_CPU_OMP_THREADS_BIND" not in os.environ):
@@ -180,7 +180,7 @@ class PolicyEngine:
                     pass
                 # off the event loop: an engine start takes seconds here and minutes on a loaded machine,
                 # and a blocked loop cannot answer Serve's health check, so Serve would replace the
-                # replica instead of letting it restart in place (seen under a one-core CPU hog)
+                # replica instead of letting it restart in place
                 self.engine = await asyncio.to_thread(self._start)
                 if (self._weights_dir / "model.safetensors").is_file():
                     await self._load_weights_folder()

@@ -1,6 +1,6 @@
 """The REST routes' bearer token (services/common/rest_auth.py): where the token comes from, and the
 middleware's answers, on an app run in-process (the real proxy: tests/search_tool/test_auth.py and
-tests/pipeline/test_serve_deploy.py)."""
+tests/scenarios/test_serve_deploy.py)."""
 
 import pytest
 from fastapi import FastAPI, Request

@@ -1,6 +1,6 @@
 """RolloutsAhead: batches in step order, never more than max_staleness versions ahead of the learner,
 every rollout call's result scored once, as it lands. Stages are stand-ins here (the order and the
-bound are the driver's logic); tests/pipeline/test_train_e2e.py runs the real services ahead."""
+bound are the driver's logic); tests/scenarios/test_train_e2e.py runs the real services ahead."""
 
 import threading
 import time

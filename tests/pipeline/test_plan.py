@@ -68,7 +68,7 @@ def test_the_generated_serve_config_closes_the_rest_routes_and_plan_warns_where_
 
 def test_gpu_recipe_plan_prints_every_service_and_the_totals(capsys):
     # ray.address emptied: the recipe's "auto" would check whatever cluster this machine runs (the test
-    # session's own); tests/pipeline/test_multinode.py checks a live cluster
+    # session's own); tests/scenarios/test_multinode.py checks a live cluster
     assert main(["plan", "deploy/configs/gpu-qwen2.5-7b.yaml", "ray.address="]) == 0
     out = capsys.readouterr().out
     rows = {tuple(line.split()[:3]) for line in out.splitlines()}

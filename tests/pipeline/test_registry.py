@@ -84,7 +84,7 @@ def test_the_pipeline_has_a_place_for_every_service_and_publishes_to_the_policy_
         application(load_config(TINY), "critic")
 
 
-def test_pipeline_start_deploys_in_registry_order_and_builds_each_driver_by_its_rule(monkeypatch):
+def test_pipeline_start_deploys_every_service_at_once_in_registry_order_and_builds_each_driver_by_its_rule(monkeypatch):
     """Pipeline.start without a cluster: what it deploys, in which order, and what each service gets."""
     from services.pipeline import apps
 
@@ -93,12 +93,13 @@ def test_pipeline_start_deploys_in_registry_order_and_builds_each_driver_by_its_
     monkeypatch.setattr(apps, "connect", lambda cfg: None)
     monkeypatch.setattr(apps, "check_resources", lambda cfg, services, strict: None)
     monkeypatch.setattr(apps, "application", lambda cfg, name: f"app:{name}")
-    monkeypatch.setattr(apps, "deploy", lambda app, name, route, service: deployed.append((app, name, route)) or
-                        f"handle:{service}")
+    monkeypatch.setattr(apps, "deploy_all", lambda targets: deployed.append(
+        [(t.app, t.name, t.route_prefix) for t in targets]) or {t.service: (f"handle:{t.service}", 1.0) for t in targets})
     monkeypatch.setattr(apps, "replica_watch", lambda cfg, name: f"watch:{name}")
     pipe = apps.Pipeline.start(load_config(TINY, ["ray.app_prefix=p-"]), ("learner", "scorer", "search"))
-    assert deployed == [("app:search", "p-search", "/p-search"), ("app:scorer", "p-scorer", "/p-scorer"),
-                        ("app:learner", "p-learner", None)]
+    assert deployed == [[("app:search", "p-search", "/p-search"), ("app:scorer", "p-scorer", "/p-scorer"),
+                         ("app:learner", "p-learner", None)]]  # in one call: their replicas start side by side
+    assert pipe.start_s == {"search": 1.0, "scorer": 1.0, "learner": 1.0}
     assert pipe.apps == ["p-search", "p-scorer", "p-learner"] and pipe.rollout is None
     assert pipe.search == "handle:search"  # no driver: the bare handle
     for name in ("scorer", "learner"):

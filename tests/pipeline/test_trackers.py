@@ -1,7 +1,7 @@
 """train.loggers (services/pipeline/trackers.py): rows, parameters and artifacts reach W&B (offline) and
 MLflow (a file store), read back with each library's own reader; a resumed run goes on in the same
 tracked run; a missing package is an error naming how to install it. The loggers in a real `mempo
-train` / `mempo eval`: tests/pipeline/test_train_e2e.py."""
+train` / `mempo eval`: tests/scenarios/test_train_e2e.py."""
 
 import glob
 import json

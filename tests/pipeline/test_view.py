@@ -1,6 +1,6 @@
 """`mempo view`: the page's data from a run's files (written here by the run's own writers), bad run
 directories as notes rather than tracebacks, and the page in a real headless Chromium. The page of a
-real trained run, and re-scoring through a live scorer, are in tests/pipeline/test_train_e2e.py."""
+real trained run, and re-scoring through a live scorer, are in tests/scenarios/test_train_e2e.py."""
 
 import re
 import subprocess

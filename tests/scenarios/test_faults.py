@@ -13,7 +13,7 @@ step on it while a thread kills one thing:
 - step 5: a learner worker (rank 1), while the group runs the update.
 
 Each test prints what the fault cost (seconds, retries); the README's "Reliability" figures are theirs.
-Run alone: ``pytest -s tests/pipeline/test_faults.py``; ``MEMPO_TEST_PUBLISH=collective`` runs the same
+Run alone: ``pytest -s tests/scenarios/test_faults.py``; ``MEMPO_TEST_PUBLISH=collective`` runs the same
 faults with the weights published by the collective (learner.publish, services/learner/collective.py).
 """
 
