@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("search_tool", "rollout", "scorer", "learner")
-FLOORS = (("common",), ("config",), ("serve_version",), SERVICES, ("world",), ("pipeline",), ("cli",))
+FLOORS = (("common",), ("algorithm",), ("config",), ("serve_version",), SERVICES, ("world",), ("pipeline",), ("cli",))
 FLOOR = {name: i for i, floor in enumerate(FLOORS) for name in floor}
 # The services' modules the world may import, each with its reason; nothing else of theirs.
 WORLD_USES = {
@@ -39,7 +39,7 @@ WORLD_USES = {
 # The composition (services/config.py) and the only modules a settings module may import.
 COMPOSITION = "services/config.py"
 CONFIG_LEAVES = ("services.common.config_fields", "services.common.choices", "services.common.memory_reward",
-                 "services.common.turn_format")
+                 "services.common.turn_format", "services.algorithm.outcome")
 
 
 def _composes(module: str, where: str) -> bool:

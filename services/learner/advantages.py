@@ -3,6 +3,7 @@
     R_out   = EM of the last <answer> (SQuAD-normalised, fraction of the k questions); 0 if the
               episode's format is invalid (it never answered, or a turn broke the grammar)
     A_out   = (R_out - mean_group) / (std_group + eps)                       per episode
+              (algorithm.outcome_advantage: grpo; dr_grpo leaves out the std, services/algorithm/outcome.py)
     R_mem'  = R_mem, or min(R_mem, 0) with algorithm.mem_credit=loss_only (a memory charged only for
               what it lost against the full history)
     A_mem   = (R_mem' - mean_pool) / (max(std_pool, floor) + eps)            per <mem> block, pooled
@@ -38,6 +39,7 @@ from typing import Optional
 
 import numpy as np
 
+from services.algorithm.outcome import OUTCOME_ADVANTAGES, normalize, spread
 from services.common.choices import MEM_CREDIT_SCOPES, MEM_CREDITS, MEM_POOLINGS
 from services.config import AlgorithmConfig
 from services.common.messages import Episode, MemoryScoreBatch, TrajectoryBatch
@@ -54,22 +56,6 @@ def outcome_reward(ep: Episode, golds: list[list[str]], separator: str = ";") ->
     if not format_valid(ep):
         return 0.0, 0.0
     return multi_objective_em(ep.answer, golds, separator), multi_objective_f1(ep.answer, golds, separator)
-
-
-def spread(values) -> float:
-    """The unbiased std of a set (0 for fewer than two values)."""
-    v = np.asarray(values, dtype=np.float64)
-    return float(v.std(ddof=1)) if v.size >= 2 else 0.0
-
-
-def normalize(values, eps: float, std_floor: float = 0.0) -> np.ndarray:
-    """(v - mean) / (max(std, std_floor) + eps) with the unbiased std; 0 for a single or constant set.
-    A floor keeps a set whose values barely differ (noise) from being blown up to unit scale."""
-    v = np.asarray(values, dtype=np.float64)
-    std = spread(v)
-    if not np.isfinite(std) or std == 0.0:  # also a single value: spread() is 0 for it
-        return np.zeros(v.shape, np.float32)
-    return ((v - v.mean()) / (max(std, std_floor) + eps)).astype(np.float32)
 
 
 @dataclass
@@ -188,6 +174,7 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
     mem_spreads: list[float] = []  # the std of R_mem in each pool of two or more blocks
     by_group: dict[int, list] = defaultdict(list)
     credit_rule = CREDIT_SCOPES[MEM_CREDIT_SCOPES.check(cfg.mem_credit_scope)]
+    outcome_rule = OUTCOME_ADVANTAGES[OUTCOME_ADVANTAGES.check(cfg.outcome_advantage)].fn
     if scores is not None and cfg.use_memory_reward:
         for s in scores.scores:
             by_group[s.group].append(s)
@@ -195,7 +182,7 @@ def compute_advantages(batch: TrajectoryBatch, scores: Optional[MemoryScoreBatch
         rs = [outcome_reward(ep, group.prompt.golds, cfg.answer_separator) for ep in group.episodes]
         rng = control_rng(batch.step, g, group.prompt.uid) if cfg.shuffled_rewards else None
         values = permuted([r for r, _ in rs], rng)
-        a_out = normalize(values, cfg.grpo_eps)
+        a_out = outcome_rule(values, cfg.grpo_eps)
         varied += len(set(values)) > 1
         for e, ((r, f1), a) in enumerate(zip(rs, a_out)):
             out.rewards[(g, e)], out.f1[(g, e)], out.a_out[(g, e)] = r, f1, float(a)

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from services.algorithm.outcome import OUTCOME_ADVANTAGES  # the outcome-advantage rules (pure numpy)
 from services.common.choices import MEM_CREDIT_SCOPES, MEM_CREDITS, MEM_POOLINGS
 from services.common.config_fields import CustomResources, Section, baseline
 
@@ -27,9 +28,15 @@ class AlgorithmConfig(Section):
             "real ones."
         ),
     )
+    outcome_advantage: Literal[OUTCOME_ADVANTAGES.names] = Field(
+        "grpo",
+        description="How a group's outcome rewards become each episode's A_out, a rule of "
+                    "services/algorithm/outcome.py: " + "; ".join(f"{r.name}: {r.description}"
+                                                                 for r in OUTCOME_ADVANTAGES.values()) + ".",
+    )
     grpo_eps: float = Field(
         1e-6, gt=0,
-        description="A_out = (R - mean) / (std + grpo_eps).",
+        description="A_out = (R - mean) / (std + grpo_eps) (outcome_advantage=grpo).",
     )
     mem_eps: float = Field(
         1e-6, gt=0,

@@ -82,7 +82,7 @@ class Pipeline:
     version: int | None = None  # the policy version the training loop last synced
     republished: int = 0  # publishes to bring replaced (or new) replicas up to date, since start
     watches: dict = field(default_factory=dict)  # service -> ReplicaWatch: why a call waits, for how long
-    start_s: dict = field(default_factory=dict)  # service -> seconds its serve.run took (a kept service: ~1 s)
+    start_s: dict = field(default_factory=dict)  # service -> seconds from the deploy call until it ran (kept: ~1 s)
 
     @classmethod
     def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = tuple(SERVICES)) -> "Pipeline":

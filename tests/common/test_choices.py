@@ -9,6 +9,7 @@ from typing import get_args
 import numpy as np
 import pytest
 
+from services.algorithm.outcome import OUTCOME_ADVANTAGES
 from services.common.choices import MEM_CREDIT_SCOPES, MEM_CREDITS, MEM_POOLINGS, SCORED_ANSWERS, Choices
 from services.config import AlgorithmConfig, ConfigError, MempoConfig, load_config
 from services.common.memory_reward import AVERAGES, FILTERS, average_p, memory_reward
@@ -17,7 +18,7 @@ from services.learner.advantages import CREDIT_SCOPES, compute_advantages, mem_c
 
 ROOT = Path(__file__).resolve().parents[2]
 ALGORITHM_MD = (ROOT / "docs" / "algorithm.md").read_text()
-TABLES = (FILTERS, AVERAGES, MEM_POOLINGS, MEM_CREDITS, MEM_CREDIT_SCOPES, SCORED_ANSWERS)
+TABLES = (FILTERS, AVERAGES, MEM_POOLINGS, MEM_CREDITS, MEM_CREDIT_SCOPES, SCORED_ANSWERS, OUTCOME_ADVANTAGES)
 
 
 def _field(table: Choices):
@@ -44,6 +45,9 @@ def test_code_that_branches_on_a_choice_raises_on_an_unknown_one():
     assert [mem_credit(-0.5, c) for c in MEM_CREDITS] == [-0.5, -0.5] and mem_credit(0.5, "loss_only") == 0.0
     with pytest.raises(ValueError, match="algorithm.mem_credit: unknown choice 'diference'"):
         mem_credit(0.5, "diference")  # before: silently acted as 'difference'
+    bad = AlgorithmConfig.model_construct(**{**AlgorithmConfig().model_dump(), "outcome_advantage": "rloo"})
+    with pytest.raises(ValueError, match="algorithm.outcome_advantage: unknown choice 'rloo'"):
+        compute_advantages(TrajectoryBatch(policy_version=0, groups=[]), None, bad)
     bad = AlgorithmConfig.model_construct(**{**AlgorithmConfig().model_dump(), "mem_credit_scope": "token"})
     with pytest.raises(ValueError, match="algorithm.mem_credit_scope: unknown choice 'token'"):
         compute_advantages(TrajectoryBatch(policy_version=0, groups=[]), None, bad)  # before: silently acted as 'block'
@@ -87,7 +91,7 @@ def test_the_docs_name_every_option_beyond_the_reference():
     assert "`mem_std_floor`" in options
     # the algorithm's own choices are explained where the advantages are (section 5)
     advantages = ALGORITHM_MD[ALGORITHM_MD.index("## 5."):ALGORITHM_MD.index("## 6.")]
-    for table in (MEM_POOLINGS, MEM_CREDITS, MEM_CREDIT_SCOPES, SCORED_ANSWERS):
+    for table in (MEM_POOLINGS, MEM_CREDITS, MEM_CREDIT_SCOPES, SCORED_ANSWERS, OUTCOME_ADVANTAGES):
         for name in table:
             if name != table.reference:
                 assert f"`{table.field}={name}`" in advantages, (table.field, name)
