@@ -28,10 +28,12 @@ class StepResult(NamedTuple):
 
 
 class LearnerDriver:
-    def __init__(self, handle, cfg=None):
-        """``cfg`` is taken, and not read, so that every driver is built alike (services/pipeline/registry.py)."""
+    def __init__(self, handle, cfg=None, watch=None, before_retry=None):
+        """``watch``: a ReplicaWatch, so a call waits for a starting replacement replica. ``cfg`` and
+        ``before_retry`` are taken, and not read, so that every driver is built alike
+        (services/pipeline/registry.py): the learner's calls are never retried (it resumes instead)."""
         self.handle = handle
-        self.watch = None  # set by the Pipeline: a ReplicaWatch, so a call waits for a starting replacement
+        self.watch = watch
 
     def _call(self, method: str, *args):
         if self.watch is None:

@@ -99,15 +99,12 @@ class Pipeline:
         # policy copies finds their applications already registered, and sends nothing before a step)
         started = deploy_all([Target(application(cfg, name), app_name(cfg, name), route_prefix(cfg, name), name)
                               for name in order])
-        for name in order:
+        for name in order:  # each driver whole: its replica watch, and the resync a replaced policy copy needs
             handle, pipe.start_s[name] = started[name]
-            setattr(pipe, name, SERVICES[name].driver(handle, cfg))
-        for name in order:  # once all are up: a replica's watch, and the resync a replaced policy copy needs
-            if SERVICES[name].driver_class is not None:
-                driver = getattr(pipe, name)
-                driver.watch = pipe.watches[name] = replica_watch(cfg, name)
-                if SERVICES[name].restart == "resync":
-                    driver.before_retry = pipe.resync
+            watch = replica_watch(cfg, name) if SERVICES[name].driver_class else None
+            if watch is not None:
+                pipe.watches[name] = watch
+            setattr(pipe, name, SERVICES[name].driver(handle, cfg, watch=watch, before_retry=pipe.resync))
         return pipe
 
     def resync(self) -> None:

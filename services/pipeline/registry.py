@@ -80,8 +80,13 @@ class Service:
     def options(self, cfg: MempoConfig) -> dict:
         return _load(self.options_fn)(cfg)
 
-    def driver(self, handle, cfg: MempoConfig) -> Any:
-        return handle if self.driver_class is None else _load(self.driver_class)(handle, cfg)
+    def driver(self, handle, cfg: MempoConfig, watch=None, before_retry=None) -> Any:
+        """The training loop's client of the deployment, whole when built: its replica watch, and what runs
+        before a retried call (used by the "resync" restart rule only)."""
+        if self.driver_class is None:
+            return handle
+        return _load(self.driver_class)(handle, cfg, watch=watch,
+                                        before_retry=before_retry if self.restart == "resync" else None)
 
 
 SERVICES: dict[str, Service] = {s.name: s for s in (

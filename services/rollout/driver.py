@@ -23,12 +23,13 @@ from services.common.messages import PromptBatch
 
 
 class RolloutDriver:
-    def __init__(self, handle, cfg: MempoConfig):
+    def __init__(self, handle, cfg: MempoConfig, watch=None, before_retry=None):
+        """``watch``: a ReplicaWatch, so a call waits for a starting replacement replica; ``before_retry``:
+        run before a retried call (the Pipeline's re-sync of replaced replicas to the current policy)."""
         self.handle = handle
         self.cfg = cfg
         self.stats = {"calls": 0, "retries": 0, "failed_s": 0.0}
-        self.before_retry = None  # set by the Pipeline: re-sync replaced replicas to the current policy
-        self.watch = None  # set by the Pipeline: a ReplicaWatch, so a call waits for a starting replacement
+        self.watch, self.before_retry = watch, before_retry
 
     def split(self, batch: PromptBatch) -> list[PromptBatch]:
         k = self.cfg.rollout.groups_per_call

@@ -23,13 +23,14 @@ from services.config import MempoConfig
 log = logging.getLogger("mempo.scorer")
 
 class ScorerDriver:
-    def __init__(self, handle, cfg: MempoConfig, retries: int | None = None):
+    def __init__(self, handle, cfg: MempoConfig, watch=None, before_retry=None, retries: int | None = None):
+        """``watch``: a ReplicaWatch, so a call waits for a starting replacement replica; ``before_retry``:
+        run before a retried call (the Pipeline's re-sync of replaced replicas to the current policy)."""
         self.handle = handle
         self.retries = cfg.scorer.call_retries if retries is None else retries
         self.timeout_s = cfg.ray.call_timeout_s
         self.stats = {"calls": 0, "retries": 0, "failed_s": 0.0}
-        self.before_retry = None  # set by the Pipeline: re-sync replaced replicas to the current policy
-        self.watch = None  # set by the Pipeline: a ReplicaWatch, so a call waits for a starting replacement
+        self.watch, self.before_retry = watch, before_retry
 
     def start(self, traj_ref: "ray.ObjectRef", min_version: int = -1) -> "ray.ObjectRef | None":
         """Launch the scoring of one TrajectoryBatch ref now; its MemoryScoreBatch ref. A replica
