@@ -30,6 +30,7 @@ the worker's OpenMP threads, ``engine.cpu_threads``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import shutil
@@ -333,3 +334,6 @@ def close_engine(engine: PolicyEngine, loop: asyncio.AbstractEventLoop) -> None:
         task.cancel()
     loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
+    # vLLM engines left in reference cycles (one replaced by a restart in place) are finalised now, while the
+    # modules their __del__ uses are still there, not at interpreter exit (where it fails noisily)
+    gc.collect()
