@@ -323,6 +323,9 @@ class PolicyEngine:
             self.engine.shutdown()
         except Exception:  # already gone
             pass
+        # drop the engine now: one still referenced at interpreter exit runs vLLM's __del__ after the modules
+        # it calls are gone (a TypeError printed at exit)
+        self.engine = None
 
 
 def close_engine(engine: PolicyEngine, loop: asyncio.AbstractEventLoop) -> None:
@@ -334,6 +337,7 @@ def close_engine(engine: PolicyEngine, loop: asyncio.AbstractEventLoop) -> None:
         task.cancel()
     loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
-    # vLLM engines left in reference cycles (one replaced by a restart in place) are finalised now, while the
-    # modules their __del__ uses are still there, not at interpreter exit (where it fails noisily)
+    # vLLM engines left in reference cycles are finalised now, while the modules their __del__ uses are still
+    # loaded, not at interpreter exit (where it prints a TypeError); one killed and restarted in place can
+    # still outlive this, held by its failed output task
     gc.collect()
