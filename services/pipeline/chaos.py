@@ -5,7 +5,7 @@
     mempo chaos CONFIG --plan "2:scorer_replica+vllm_engine,4:driver_sigterm"   # a fixed plan
     -> <train.run_dir>/chaos/ chaos.json, report.md, faulted/ (the run), unfaulted/, eval/, *.log
 
-On a multi-node Ray cluster of its own on this machine (services/common/local_cluster.py: a head
+On a multi-node Ray cluster of its own on this machine (services/pipeline/local_cluster.py: a head
 with search and the learner, a worker node for the rollout, one for the scorer), ``mempo train``
 runs as a user runs it, in its own process, while a seeded schedule (services/pipeline/chaos_faults.py)
 kills replicas, engines, learner ranks and nodes, holds the search replicas, or stops the driver
@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from services.config import load_config
 from services.common.data import load_prompts
-from services.common.local_cluster import LocalCluster
+from services.pipeline.local_cluster import LocalCluster
 from services.common.local_ray import LOOPBACK_ENV, free_ports, join_options
 from services.common.paths import data_path
 from services.learner import ledger

@@ -2,7 +2,7 @@
 nodes, and a worker node lost mid-step.
 
 The cluster is a head and two workers, each its own process with its own custom resource
-(services/common/local_cluster.py), every address on loopback, token auth on with a token of its own:
+(services/pipeline/local_cluster.py), every address on loopback, token auth on with a token of its own:
 
     head      CPU 2, head_node=100    search, the learner's replica and its FSDP worker
     worker-1  CPU 1, rollout_node=1   the rollout replica (vLLM)
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.local_cluster import LocalCluster
+from services.pipeline.local_cluster import LocalCluster
 from services.common.local_ray import free_ports
 from services.pipeline.runlog import read_rows
 
@@ -51,7 +51,7 @@ print(json.dumps(out))
 
 
 class Cluster(LocalCluster):
-    """The module's cluster (services/common/local_cluster.py), with a probe of the replicas' versions."""
+    """The module's cluster (services/pipeline/local_cluster.py), with a probe of the replicas' versions."""
 
     def probe(self) -> dict:
         out = subprocess.run([PY, "-c", PROBE, self.address], cwd=ROOT, env=self.env, capture_output=True, text=True,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from services.common import gguf_model
+from services.world import gguf_model
 from services.config import load_config
 
 pytestmark = pytest.mark.slow

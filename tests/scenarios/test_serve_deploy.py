@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from services.common.local_cluster import stop_process_groups
+from services.pipeline.local_cluster import stop_process_groups
 from services.common.local_ray import free_ports
 from services.common.local_ray import LOOPBACK, LOOPBACK_ENV
 from tests.pipeline.sockets import exposed, listening

@@ -4,9 +4,9 @@ Each node is its own process (as ``ray start --block`` would be), on loopback, w
 custom resources, so a real multi-node pipeline (object refs whose bytes live on another node,
 weights sent between nodes, placement by resources, a whole node lost) runs on one laptop:
 
-    python -m services.common.local_cluster --name head --num-cpus 1 \\
+    python -m services.pipeline.local_cluster --name head --num-cpus 1 \\
         --resources '{"head_node": 100}' --info /tmp/mn/head.json --dashboard
-    python -m services.common.local_cluster --name worker-1 --num-cpus 1 \\
+    python -m services.pipeline.local_cluster --name worker-1 --num-cpus 1 \\
         --resources '{"rollout_node": 1}' --join 127.0.0.1:PORT --info /tmp/mn/w1.json
     mempo train deploy/configs/tiny.yaml ray.address=127.0.0.1:PORT rollout.resources='{rollout_node: 1}' ...
 
@@ -81,7 +81,7 @@ def node_info(node, name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m services.common.local_cluster", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m services.pipeline.local_cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", required=True, help="node name (shown by Ray's state API)")
     p.add_argument("--num-cpus", type=int, default=1, help="logical CPUs of the node")
@@ -129,7 +129,7 @@ class NodeStartError(RuntimeError):
 
 class LocalCluster:
     """Nodes of one multi-node Ray cluster on this machine, each a ``python -m
-    services.common.local_cluster`` process (module docstring), started in its own session."""
+    services.pipeline.local_cluster`` process (module docstring), started in its own session."""
 
     def __init__(self, temp_dir: str, env: dict):
         self.temp_dir, self.env = temp_dir, env
@@ -161,7 +161,7 @@ class LocalCluster:
 
     def _start(self, name: str, cpus: int, resources: dict, head: bool, timeout_s: float) -> dict:
         info = Path(self.temp_dir) / f"{name}.json"
-        cmd = [sys.executable, "-m", "services.common.local_cluster", "--name", name, "--num-cpus", str(cpus),
+        cmd = [sys.executable, "-m", "services.pipeline.local_cluster", "--name", name, "--num-cpus", str(cpus),
                "--resources", json.dumps(resources), "--info", str(info), "--temp-dir", f"{self.temp_dir}/r",
                "--object-store-memory", str(200 * 1024 * 1024)]
         cmd += (["--dashboard", "--system-config", json.dumps({"max_direct_call_object_size": 1024})] if head

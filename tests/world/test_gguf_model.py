@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common import gguf_model
+from services.world import gguf_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / ".cache" / "models"
