@@ -115,7 +115,12 @@ def deploy_all(targets: list[Target], poll_s: float = 0.2) -> dict[str, tuple[ob
         apps = serve.status().applications
         for name, (target, handle) in list(waiting.items()):
             status = apps.get(name)
-            state = str(status.status) if status is not None else ""
+            if status is None:  # not listed yet, or deleted while it started (another driver's shutdown)
+                if time.perf_counter() - t0 > 30:
+                    raise ServiceStartError(target.service, f"its application {name} is gone from Serve's status "
+                                                            "while it started (deleted by another driver?)")
+                continue
+            state = str(status.status)
             if state.endswith("RUNNING"):
                 out[target.service] = (handle, time.perf_counter() - t0)
                 log.info("%s is up (%.1fs)", name, out[target.service][1])
