@@ -51,6 +51,6 @@ def grpo(rewards, eps: float) -> np.ndarray:
                          "whose rewards barely differ is not scaled up to unit size)")
 def dr_grpo(rewards, eps: float) -> np.ndarray:
     v = np.asarray(rewards, dtype=np.float64)
-    if v.size < 2 or spread(v) == 0.0:
+    if spread(v) == 0.0:  # also a single reward
         return np.zeros(v.shape, np.float32)
     return (v - v.mean()).astype(np.float32)

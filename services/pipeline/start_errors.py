@@ -83,10 +83,16 @@ def deploy(app, name: str, route_prefix: str | None, service: str):
     except RuntimeError as e:
         if "failed" not in str(e):
             raise
-        cause, detail = startup_failure(name)
-        if detail:
-            log.debug("%s failed to start:\n%s", name, detail)
-        raise ServiceStartError(service, cause or str(e), detail) from None
+        raise start_failed(name, service, str(e)) from None
+
+
+def start_failed(name: str, service: str, fallback: str) -> ServiceStartError:
+    """The ``ServiceStartError`` of application ``name``, its cause read from Serve's status (``fallback`` when
+    the status names none); the whole message is logged at debug level."""
+    cause, detail = startup_failure(name)
+    if detail:
+        log.debug("%s failed to start:\n%s", name, detail)
+    return ServiceStartError(service, cause or fallback, detail)
 
 
 @dataclass
@@ -126,10 +132,7 @@ def deploy_all(targets: list[Target], poll_s: float = 0.2) -> dict[str, tuple[ob
                 log.info("%s is up (%.1fs)", name, out[target.service][1])
                 del waiting[name]
             elif state.endswith("DEPLOY_FAILED"):
-                cause, detail = startup_failure(name)
-                if detail:
-                    log.debug("%s failed to start:\n%s", name, detail)
-                raise ServiceStartError(target.service, cause or status.message or "its application failed", detail)
+                raise start_failed(name, target.service, status.message or "its application failed")
         if waiting:
             time.sleep(poll_s)
     return out
