@@ -109,7 +109,7 @@ def training_batch_of(batch, seed: int = 0):
     """Every turn as a (context, response) sample with random N(0, 1) token advantages."""
     import numpy as np
 
-    from services.learner.advantages import Advantages
+    from services.algorithm.advantages import Advantages
     from services.learner.samples import training_batch
 
     rng = np.random.default_rng(seed)

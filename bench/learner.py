@@ -39,7 +39,7 @@ def make_batch(cfg, world, tok, prompts: int, n: int):
     import pandas as pd
 
     from services.common.messages import TrajectoryBatch
-    from services.learner.advantages import compute_advantages
+    from services.algorithm.advantages import compute_advantages
     from services.learner.samples import training_batch
     from services.world.oracle_records import oracle_group
 
@@ -74,7 +74,7 @@ def plain_loop(cfg, model_dir: str, tb):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from services.learner.loss import aggregate, kl_penalty, policy_loss
+    from services.algorithm.loss import aggregate, kl_penalty, policy_loss
     from services.learner.samples import global_counts, micro_batches
     from services.learner.worker import token_logprobs
 

@@ -5,7 +5,7 @@ Reads the training groups a run logs (``<run_dir>/groups.jsonl``, ``train.sample
 the decoded text of every turn). A memory block is cut into its question sections (``Q<i>: ...``, the
 grammar the SFT transcripts teach) and each ``- Answer: X`` line in section i is a *claim* for question i.
 A claim is *supported* when question i's gold answer (any alternative, SQuAD-normalised whole words:
-services/common/retention.py) appears in the observations the episode received before the block's turn,
+services/algorithm/retention.py) appears in the observations the episode received before the block's turn,
 *unsupported* when it does not (the memory wrote down an answer it had not found), and *right* when X
 equals a gold alternative after normalisation. Per bucket of steps it prints the blocks, claims per block,
 the share of claims that are unsupported and how many of those are right guesses, and the mean memory
@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.common.rewards import normalize_answer  # noqa: E402
-from services.common.memory_sections import ANSWER_LINE, memory_sections  # noqa: E402
-from services.common.retention import _contains  # noqa: E402
+from services.algorithm.sections import ANSWER_LINE, memory_sections  # noqa: E402
+from services.algorithm.retention import _contains  # noqa: E402
 
 def claims(memory: str) -> list[tuple[int, str]]:
     """(question index from 0, claimed answer) for every ``- Answer:`` line under a ``Q<i>:`` header."""

@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.memclaims import judge_block, read_groups  # noqa: E402
-from services.common.memory_sections import ANSWER_LINE, memory_sections  # noqa: E402
+from services.algorithm.sections import ANSWER_LINE, memory_sections  # noqa: E402
 from services.common.rewards import normalize_answer  # noqa: E402
-from services.common.retention import _contains  # noqa: E402
+from services.algorithm.retention import _contains  # noqa: E402
 
 LAST_LINE = re.compile(r"\n- [^\n]*$")
 

@@ -17,7 +17,7 @@ and full contexts of ``MemoryScorer.score_trajectories``, its continuation
 ``score_trajectories`` itself, which must agree). Two continuations (``scorer.answer_template``'s
 names): ``reference`` (the reference's sentence, which the policy never writes) and ``policy`` (the
 policy's own answering turn, services/common/turn_format.answer_continuation: the default). Rules are
-(filter, average) pairs of services/common/memory_reward.py (``RULES``). Per template and
+(filter, average) pairs of services/algorithm/memory_reward.py (``RULES``). Per template and
 filter mode it prints:
   AUC          P(R_mem of a keep block > R_mem of a lose block), ties 1/2, pooled over prompts
                (0.5 = chance); AUC/prompt the mean of each prompt's own AUC; AUC matched only pairs of
@@ -58,7 +58,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TEMPLATES = ("reference", "policy")
-# (filter, average) pairs of services/common/memory_reward.py measured: the reference's, then the candidates
+# (filter, average) pairs of services/algorithm/memory_reward.py measured: the reference's, then the candidates
 RULES = (("independent", "geometric"), ("joint", "geometric"), ("none", "geometric"), ("none", "per_question"),
          ("none", "arithmetic"), ("floor", "geometric"), ("floor", "per_question"), ("independent", "per_question"))
 KINDS = ("answer", "bridge", "distractor")
@@ -67,12 +67,12 @@ SCORED = ("all", "shown")  # scorer.scored_answers: every question's answer, or 
 
 def all_rules() -> tuple[tuple[str, str], ...]:
     """Every registered (filter, average) pair: a new rule is measured without editing this file."""
-    from services.common.memory_reward import AVERAGES, FILTERS
+    from services.algorithm.memory_reward import AVERAGES, FILTERS
 
     return tuple((f, a) for f in FILTERS for a in AVERAGES)
 
-from services.learner.advantages import MEM_POOLINGS  # noqa: E402  (the learner's pool choices)
-from services.common.retention import auc  # noqa: E402  (P(pos > neg) + ties/2, the retention check's)
+from services.algorithm.memory_advantage import MEM_POOLINGS  # noqa: E402  (the pool choices)
+from services.algorithm.retention import auc  # noqa: E402  (P(pos > neg) + ties/2, the retention check's)
 
 
 def policy_dir(cfg, spec: str) -> Path:
@@ -114,7 +114,7 @@ def score_group(model, tok, tt, cfg, group, template: str) -> list[dict]:
     ``MemoryScorer.score_trajectories`` builds and scores them (same trees, same branches)."""
     from services.scorer.continuation import build_continuation, gold_answers
     from services.scorer.packing import Branch, tree_logprobs
-    from services.common.retention import shown_answers
+    from services.algorithm.retention import shown_answers
 
     cont = build_continuation(tok, template, gold_answers(group.prompt.golds), tt, cfg.scorer.gold_joiner)
     budget = cfg.scorer.token_budget
@@ -157,7 +157,7 @@ def check_against_scorer(model, tok, cfg, group, template: str, mine: list[dict]
 
 
 def table_row(blocks: list[dict], template: str, rule: tuple[str, str], cfg, scored: str = "all") -> dict:
-    from services.common.memory_reward import memory_reward
+    from services.algorithm.memory_reward import memory_reward
 
     mode, average = rule
     if scored == "shown":  # scorer.scored_answers=shown: only the shown questions, no score where none was
@@ -202,7 +202,8 @@ def table_row(blocks: list[dict], template: str, rule: tuple[str, str], cfg, sco
 def advantages_by_label(blocks: list[dict], pooling: str, cfg) -> tuple[list[float], list[float]]:
     """A_mem of the keep and of the lose blocks, each block normalised (the learner's ``normalize``)
     among the blocks of its prompt in the same pool (``b["pools"][pooling]``)."""
-    from services.learner.advantages import mem_credit, normalize
+    from services.algorithm.memory_advantage import mem_credit
+    from services.algorithm.outcome import normalize
 
     pools: dict[tuple, list[dict]] = {}
     for b in blocks:
@@ -216,11 +217,11 @@ def advantages_by_label(blocks: list[dict], pooling: str, cfg) -> tuple[list[flo
 
 
 def pool_names(ep, t: int) -> dict[str, str]:
-    """The block's pool under each ``algorithm.mem_pooling`` (services/learner/advantages.pool_key), as
+    """The block's pool under each ``algorithm.mem_pooling`` (services/algorithm/memory_advantage.pool_key), as
     short stable strings (the --json output keeps them)."""
     import hashlib
 
-    from services.learner.advantages import pool_key
+    from services.algorithm.memory_advantage import pool_key
 
     out = {}
     for pooling in MEM_POOLINGS:
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="", help="write the table and every block's scores here")
     ap.add_argument("--rules", default="", help="'all': every (filter, average) pair of the registries in "
-                    "services/common/memory_reward.py; default: the RULES pairs")
+                    "services/algorithm/memory_reward.py; default: the RULES pairs")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()

@@ -1,14 +1,15 @@
 """The packages of services/ import only downward, function-local imports included.
 
-    common < config < serve_version < {search_tool, rollout, scorer, learner} < world < pipeline < cli
+    common < algorithm < config < serve_version < {search_tool, rollout, scorer, learner} < world < pipeline < cli
 
 common imports nothing above it. services/config.py composes the config tree (and says which sections
 each service reads); services/serve_version.py versions a service's deployment by those sections.
 The four services stand side by side on one floor above them: each imports common and itself,
 never another service (they talk only through the protocol's messages, by handle or over HTTP), so
-each can be read, tested and redeployed alone. What two of them share lives below them in common:
-``token_text`` (the rollout's and the scorer's token positions), ``retention`` (the scorer's labels,
-the learner's metrics), ``rewards``, ``passage_format`` and the protocol.
+each can be read, tested and redeployed alone. What two of them share lives below them: in common
+``token_text`` (the rollout's and the scorer's token positions), ``rewards``, ``passage_format`` and
+the protocol; in algorithm (pure functions, importing only common) MemPO's rules: the memory reward
+the scorer computes, the retention labels it writes and the learner reads, the advantages and the loss.
 
 No service imports the world: the pipeline builds it and deploys concrete paths
 (services/common/paths.py). The world sits above the services but uses their code only where it
@@ -18,8 +19,8 @@ exactly as the rollout records its own.
 Every import goes to a strictly lower floor, so no chain of imports can come back to where it
 started: there are no import cycles between packages. One exception, by design: each package declares
 its own config section in ``services/<package>/settings.py``, and services/config.py composes
-them into one tree. A settings module imports only common's config leaves (``CONFIG_LEAVES``, which
-import no config), so the composition's upward imports cannot come back either.
+them into one tree. A settings module imports only the config leaves (``CONFIG_LEAVES``: common's
+and the algorithm's rule tables, which import no config), so the composition's upward imports cannot come back either.
 """
 
 import ast
@@ -38,8 +39,8 @@ WORLD_USES = {
 
 # The composition (services/config.py) and the only modules a settings module may import.
 COMPOSITION = "services/config.py"
-CONFIG_LEAVES = ("services.common.config_fields", "services.common.choices", "services.common.memory_reward",
-                 "services.common.turn_format", "services.algorithm.outcome")
+CONFIG_LEAVES = ("services.common.config_fields", "services.common.choices", "services.common.turn_format",
+                 "services.algorithm.memory_reward", "services.algorithm.memory_advantage", "services.algorithm.outcome")
 
 
 def _composes(module: str, where: str) -> bool:

@@ -18,12 +18,8 @@ from services.common.choices import Choices
 OUTCOME_ADVANTAGES = Choices("algorithm.outcome_advantage", "grpo")  # fn(rewards, eps) -> float32 array
 
 
-def outcome_rule(name: str, description: str):
-    """Register ``fn(rewards, eps) -> advantages`` as ``algorithm.outcome_advantage=name``."""
-    def register(fn):
-        OUTCOME_ADVANTAGES.add(name, description, fn)
-        return fn
-    return register
+# ``fn(rewards, eps) -> advantages`` as ``algorithm.outcome_advantage=name``
+outcome_rule = OUTCOME_ADVANTAGES.rule
 
 
 def spread(values) -> float:

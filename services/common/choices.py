@@ -1,15 +1,17 @@
-"""The named choices of the algorithm's settings: one table per config field, which the field's
-validation, the code that branches on it, and the docs all read (a leaf: the standard library only).
+"""A table of named choices: the choices of one config field, which the field's validation, the code
+that branches on it, and the docs all read (a leaf: the standard library only). The algorithm's rules
+are tables whose entries carry their functions, each registered where it is defined
+(services/algorithm/: ``@MEM_CREDITS.rule("loss_only", "...")``).
 
     MEM_CREDITS.names                  # ("difference", "loss_only"): the field's Literal
     MEM_CREDITS.check(cfg.mem_credit)  # the name, or a ValueError naming the field and its choices
     MEM_CREDITS.reference              # "difference": the reference implementation's choice
+    MEM_CREDITS[name].fn               # the rule's function
 
-Code that branches on a choice ends with ``raise TABLE.unknown(value)``, so a value that skipped
-validation (a section built with ``model_construct``, a hand-made dict) fails instead of silently
-acting as one of the others. The memory reward's filters and averages are tables of the same kind
-whose entries carry their functions (services/common/memory_reward.py ``FILTERS``, ``AVERAGES``).
-tests/common/test_choices.py checks every table against its config field and docs/algorithm.md.
+Code that branches on a choice ends with ``raise TABLE.unknown(value)`` (or looks the rule up through
+``check``), so a value that skipped validation (a section built with ``model_construct``, a hand-made
+dict) fails instead of silently acting as one of the others. tests/algorithm/test_choices.py checks
+every table against its config field and docs/algorithm.md.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ class Choices(dict):
         for name, description in choices:
             self.add(name, description)
 
+    def rule(self, name: str, description: str):
+        """A decorator registering its function as the choice ``name`` (``@TABLE.rule(name, description)``)."""
+        def register(fn):
+            self.add(name, description, fn)
+            return fn
+        return register
+
     def add(self, name: str, description: str, fn: Optional[Callable] = None) -> Choice:
         if name in self:
             raise ValueError(f"{self.field}: {name!r} is registered twice")
@@ -55,29 +64,3 @@ class Choices(dict):
             raise self.unknown(value)
         return value
 
-
-MEM_POOLINGS = Choices(
-    "algorithm.mem_pooling", "prompt",
-    ("prompt", "every <mem> block of the prompt's group in one pool (the reference)"),
-    ("prompt_turn", "one pool per (prompt, turn number)"),
-    ("prompt_seen", "one pool per (prompt, the tool responses shown before the block, order ignored)"),
-)
-
-MEM_CREDITS = Choices(
-    "algorithm.mem_credit", "difference",
-    ("difference", "R_mem = P_mem - P_full (the reference)"),
-    ("loss_only", "min(P_mem - P_full, 0): a memory is charged for what it lost, never credited beyond the full "
-                  "history"),
-)
-
-MEM_CREDIT_SCOPES = Choices(
-    "algorithm.mem_credit_scope", "block",
-    ("block", "A_mem of the block's R_mem on every token of the block (the reference)"),
-    ("question", "each question's section of the memory gets the A_mem of that question's own R_mem"),
-)
-
-SCORED_ANSWERS = Choices(
-    "scorer.scored_answers", "all",
-    ("all", "every question's answer (the reference)"),
-    ("shown", "only the answers the episode's observations had shown before the block's turn"),
-)

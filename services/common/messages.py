@@ -156,7 +156,7 @@ class MemoryScore:
     p_mem: float = 0.0
     r_mem: float = 0.0
     # 1: the memory's text holds every gold answer the episode's observations had shown; 0: it lost one;
-    # -1: none shown yet (services/common/retention.py: a label-free check, never a training signal)
+    # -1: none shown yet (services/algorithm/retention.py: a label-free check, never a training signal)
     retained: int = -1
     # per question of the prompt (k entries; empty when the scorer had no tokenizer to read sections):
     # that question's own R_mem under the same rule (NaN where it is not scored), and the token range

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch, TurnRecord
-from services.learner.advantages import Advantages
+from services.algorithm.advantages import Advantages
 
 
 def _score(s) -> dict:

@@ -26,7 +26,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from services.common.model_io import target_logprobs
-from services.learner.loss import entropy_from_logits
+from services.algorithm.loss import entropy_from_logits
 
 METHOD = "mempo_token_logprobs"
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from services.common.messages import TrainingBatch, TrajectoryBatch
-from services.learner.advantages import Advantages
+from services.algorithm.advantages import Advantages
 
 
 @dataclass

@@ -35,7 +35,7 @@ from services.common.codec import decode
 from services.config import MempoConfig, actor_options, replica_config
 from services.common.messages import MemoryScoreBatch, TrajectoryBatch
 from services.common.paths import model_path
-from services.common.retention import retention_metrics
+from services.algorithm.retention import retention_metrics
 from services.serve_version import pinned
 from services.learner.ledger import Ledger
 
@@ -73,7 +73,7 @@ def stage_metrics(trajs: list[TrajectoryBatch], scores: list[MemoryScoreBatch], 
         for key in ("p_mem_mean", "p_full_mean", "r_mem_mean"):
             weighted = sum(s.metrics.get(key, 0.0) * s.metrics.get("blocks", 0.0) for s in scores)
             out[f"scorer/{key}"] = weighted / max(blocks, 1.0)
-        # does R_mem track retention? over every block of the step (services/common/retention.py)
+        # does R_mem track retention? over every block of the step (services/algorithm/retention.py)
         every = [x for s in scores for x in s.scores]
         out.update({f"scorer/{k}": v for k, v in retention_metrics([x.r_mem for x in every],
                                                                    [x.retained for x in every]).items()})
@@ -145,7 +145,7 @@ class LearnerService:
 
     def _step(self, traj_refs: list, score_refs: list, max_staleness: int = 0) -> dict:
         # torch (samples) in the replica only, as in __init__
-        from services.learner.advantages import compute_advantages
+        from services.algorithm.advantages import compute_advantages
         from services.learner.group_samples import group_records
         from services.learner.samples import pack, turn_samples
 

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from services.algorithm.outcome import OUTCOME_ADVANTAGES  # the outcome-advantage rules (pure numpy)
-from services.common.choices import MEM_CREDIT_SCOPES, MEM_CREDITS, MEM_POOLINGS
+from services.algorithm.memory_advantage import MEM_CREDIT_SCOPES, MEM_CREDITS, MEM_POOLINGS  # the memory-advantage rules (pure numpy)
 from services.common.config_fields import CustomResources, Section, baseline
 
 # The learner reads the whole config (it builds every sample, loss and report), so any change restarts it.

@@ -33,7 +33,7 @@ from services.learner.checkpoint import load_sharded, save_sharded
 from services.learner.rendezvous import LOOPBACK, group_store, listen
 from services.learner.logprobs import token_logprobs
 from services.learner.memory import available_bytes, budget_advice, estimate_peak
-from services.learner.loss import aggregate, behaviour_weights, kl_penalty, policy_loss
+from services.algorithm.loss import aggregate, behaviour_weights, kl_penalty, policy_loss
 from services.learner.noise_scale import GroupGradients
 from services.learner.samples import MicroBatch, global_counts, micro_batches
 from services.learner.shard import load_model
@@ -157,7 +157,7 @@ class LearnerWorker:
             old = lp.detach()
             mask = mb.loss_mask
             # Decoupled PPO: the ratio is against ``old`` (proximal), the behaviour policy (an older version
-            # that sampled stale tokens) enters as a truncated importance weight (services/learner/loss.py)
+            # that sampled stale tokens) enters as a truncated importance weight (services/algorithm/loss.py)
             w, wm = behaviour_weights(old, mb.rollout_logprobs, mb.lag, mask, lc.is_cap, lc.behaviour_is)
             pg, m = policy_loss(lp, old, mb.advantages, mask, lc.clip_eps_low, lc.clip_eps_high, lc.dual_clip_c,
                                 lc.loss_agg, tokens, rows, is_weight=w)

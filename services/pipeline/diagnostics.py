@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from services.common.messages import Episode, Prompt
-from services.learner.advantages import format_valid, outcome_reward
+from services.algorithm.advantages import format_valid, outcome_reward
 from services.common.rewards import normalize_answer
 
 

@@ -36,7 +36,7 @@ DEFAULT_OBSERVATION_TEMPLATE = "auto"
 
 
 def _group_of_two(n: int) -> int:
-    if n < 2:  # services/learner/advantages.py: a group of one has std 0, so A_out = 0 for every episode
+    if n < 2:  # services/algorithm/advantages.py: a group of one has std 0, so A_out = 0 for every episode
         raise ValueError("must be at least 2: GRPO normalises each reward within its prompt's group of rollout.n "
                          "episodes, and a group of one gives every episode an outcome advantage of 0 (nothing to "
                          "learn from)")

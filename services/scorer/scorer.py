@@ -29,13 +29,12 @@ import time
 
 import numpy as np
 
-from services.common.choices import SCORED_ANSWERS
 from services.config import MempoConfig, ScorerConfig, fields_marked
-from services.common.memory_reward import memory_reward
-from services.common.memory_sections import memory_sections
+from services.algorithm.memory_reward import SCORED_ANSWERS, memory_reward
+from services.algorithm.sections import memory_sections
 from services.common.messages import MemoryScore, MemoryScoreBatch, TrajectoryBatch
 from services.common.model_io import chat_ids, text_ids
-from services.common.retention import retention_labels, shown_answers
+from services.algorithm.retention import retention_labels, shown_answers
 from services.common.token_text import TokenText
 from services.common.turn_format import block
 from services.scorer.continuation import Continuation, build_continuation, gold_answers

@@ -10,9 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
-from services.common.choices import SCORED_ANSWERS
 from services.common.config_fields import RULE, RUNTIME, CustomResources, Section, baseline
-from services.common.memory_reward import AVERAGES, FILTERS  # the reward-rule registries (pure numpy)
+from services.algorithm.memory_reward import AVERAGES, FILTERS, SCORED_ANSWERS  # the reward-rule registries (pure numpy)
 from services.common.turn_format import answer_continuation
 
 # Besides its own section: the policy and engine it scores with, the rollout's system prompt (the REST
@@ -39,10 +38,10 @@ def _answer_template(value: str) -> str:
     return value
 
 def _registered(rules: dict, what: str):
-    """A validator accepting the names of one reward-rule registry (services/common/memory_reward.py)."""
+    """A validator accepting the names of one reward-rule registry (services/algorithm/memory_reward.py)."""
     def check(value: str) -> str:
         if value not in rules:
-            raise ValueError(f"{what} {value!r} is not one of {', '.join(rules)} (services/common/memory_reward.py)")
+            raise ValueError(f"{what} {value!r} is not one of {', '.join(rules)} (services/algorithm/memory_reward.py)")
         return value
     return check
 
@@ -59,7 +58,7 @@ class ScorerConfig(Section):
     filter_mode: Annotated[str, AfterValidator(_registered(FILTERS, "filter mode"))] = Field(
         "none", json_schema_extra=RULE,
         description=(
-            "Which answer tokens count, a rule of services/common/memory_reward.py FILTERS: "
+            "Which answer tokens count, a rule of services/algorithm/memory_reward.py FILTERS: "
             + _rule_names(FILTERS)
             + "."
         ),
@@ -78,7 +77,7 @@ class ScorerConfig(Section):
         description=(
             "Which questions' answers a rollout's <mem> block is scored on: 'all' (the reference), or 'shown': "
             "only those whose gold answer the episode's observations had shown before the block's turn "
-            "(services/common/retention.py), so a memory is neither credited for writing down an answer it never "
+            "(services/algorithm/retention.py), so a memory is neither credited for writing down an answer it never "
             "saw nor charged for one it could not have; a block with none shown gets no memory score (no A_mem). "
             "The REST endpoint scores the answers it is sent."
         ),

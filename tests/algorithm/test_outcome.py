@@ -6,9 +6,9 @@ import pytest
 
 from services.algorithm.outcome import OUTCOME_ADVANTAGES, dr_grpo, grpo
 from services.config import load_config
-from services.learner.advantages import compute_advantages
+from services.algorithm.advantages import compute_advantages
 from services.common.messages import TrajectoryBatch
-from tests.learner.test_advantages import _group
+from tests.algorithm.test_advantages import _group
 
 
 def test_grpo_divides_by_the_unbiased_std():

@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 
 from services.config import load_config
 from services.common.messages import TrajectoryBatch
-from services.learner.advantages import compute_advantages
+from services.algorithm.advantages import compute_advantages
 from services.learner.samples import training_batch
 from services.world.oracle_records import oracle_group
 

@@ -5,9 +5,9 @@ import json
 
 from services.config import AlgorithmConfig
 from services.common.messages import TrajectoryBatch
-from services.learner.advantages import compute_advantages
+from services.algorithm.advantages import compute_advantages
 from services.learner.group_samples import decoded_group, group_records
-from tests.learner.test_advantages import _group, _scores
+from tests.algorithm.test_advantages import _group, _scores
 
 
 def test_group_records_split_at_the_memory_span_and_carry_rewards_advantages_and_scores():

@@ -10,7 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from services.common.model_io import target_logprobs
 from services.learner.logprobs import token_logprobs
-from services.learner.loss import entropy_from_logits
+from services.algorithm.loss import entropy_from_logits
 
 
 def tiny(vocab: int, tied: bool = True, seed: int = 0) -> Qwen2ForCausalLM:

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from services.config import load_config
 from services.common.messages import TrajectoryBatch
-from services.learner.advantages import compute_advantages
+from services.algorithm.advantages import compute_advantages
 from services.learner.group import LearnerGroup
 from services.learner.publish import ObjectStorePublisher
 from services.learner.samples import training_batch

@@ -6,7 +6,7 @@ from transformers import AutoTokenizer
 
 from services.config import load_config
 from services.common.messages import TrajectoryBatch
-from services.learner.advantages import compute_advantages
+from services.algorithm.advantages import compute_advantages
 from services.learner.samples import Sample, pack, turn_samples
 from services.world.oracle_records import oracle_group
 

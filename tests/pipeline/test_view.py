@@ -11,13 +11,13 @@ import pytest
 
 from services.config import AlgorithmConfig
 from services.common.messages import TrajectoryBatch
-from services.learner.advantages import compute_advantages
+from services.algorithm.advantages import compute_advantages
 from services.learner.group_samples import decoded_group, group_records
 from services.pipeline.evaluate import EPISODE_METRICS, EvalRun
 from services.pipeline.report import write_report
 from services.pipeline.runlog import RunLog
 from services.pipeline.view import load_run, render, write_view
-from tests.learner.test_advantages import _group, _scores
+from tests.algorithm.test_advantages import _group, _scores
 from tests.pipeline.browser import Browser
 
 ROOT = Path(__file__).resolve().parents[2]

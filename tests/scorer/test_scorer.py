@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from services.common.messages import TrajectoryBatch
 from services.scorer.continuation import build_continuation, gold_answers
-from services.common.memory_reward import memory_reward
+from services.algorithm.memory_reward import memory_reward
 from services.scorer.packing import naive_logprobs
 from services.scorer.scorer import MemoryScorer
 from services.world.oracle_records import oracle_group
@@ -84,7 +84,7 @@ def test_a_gold_without_a_continuation_skips_its_group_not_the_batch(setup, tiny
 
 
 def test_shown_answers_only_scores_the_questions_the_history_had_shown(setup, tiny_cfg):
-    from services.common.retention import shown_answers
+    from services.algorithm.retention import shown_answers
     from services.common.token_text import TokenText
 
     tok, model, batch = setup
@@ -110,7 +110,7 @@ def test_shown_answers_only_scores_the_questions_the_history_had_shown(setup, ti
 
 
 def test_each_block_carries_its_questions_own_reward_and_memory_sections(setup, tiny_cfg):
-    from services.common.retention import shown_answers
+    from services.algorithm.retention import shown_answers
     from services.common.token_text import TokenText
 
     tok, model, batch = setup

@@ -12,8 +12,9 @@ Rules are registries: a filter (``FILTERS``, ``@filter_rule``) and an average (`
 ``@average_rule``), each a named function with a one-line description (tables of choices,
 services/common/choices.py, whose entries carry their functions); ``scorer.filter_mode`` and
 ``scorer.average`` accept any registered name (docs/extending.md: adding a rule is one function here
-and a test), and tests/common/test_choices.py checks docs/algorithm.md lists them all.
-``python -m services.common.memory_reward`` lists them.
+and a test), and tests/algorithm/test_choices.py checks docs/algorithm.md lists them all.
+``scorer.scored_answers`` (``SCORED_ANSWERS``) picks which questions' answers are scored.
+``python -m services.algorithm.memory_reward`` lists them.
 
 Which tokens count is a filter (``FILTERS``): ``independent`` (reference: each side keeps its own
 confident tokens), ``joint`` (a token counts on both sides only if it passes on both), ``none`` (every
@@ -39,24 +40,20 @@ from services.common.choices import Choices
 
 FILTERS = Choices("scorer.filter_mode", "independent")  # which answer tokens count: fn(full_logp, mem_logp, tau, floor)
 AVERAGES = Choices("scorer.average", "geometric")  # how the counted tokens become P: fn(logp, keep, spans, eps)
+# which questions' answers a block's reward scores (the scorer picks the answer tokens; services/algorithm/retention.py
+# says what the observations had shown)
+SCORED_ANSWERS = Choices(
+    "scorer.scored_answers", "all",
+    ("all", "every question's answer (the reference)"),
+    ("shown", "only the answers the episode's observations had shown before the block's turn"),
+)
 
-
-def filter_rule(name: str, description: str):
-    """Register ``fn(full_logp, mem_logp, tau, floor) -> (full_keep, mem_keep, full_logp, mem_logp)``
-    (the log-probs it returns are what the average sees) as ``scorer.filter_mode=name``."""
-    def register(fn):
-        FILTERS.add(name, description, fn)
-        return fn
-    return register
-
-
-def average_rule(name: str, description: str):
-    """Register ``fn(logp, keep, spans, eps) -> P`` as ``scorer.average=name``; ``spans`` are each
-    question's [start, end) in the answer tokens (one span covering all of them when k = 1)."""
-    def register(fn):
-        AVERAGES.add(name, description, fn)
-        return fn
-    return register
+# ``fn(full_logp, mem_logp, tau, floor) -> (full_keep, mem_keep, full_logp, mem_logp)`` as
+# ``scorer.filter_mode=name`` (the log-probs it returns are what the average sees)
+filter_rule = FILTERS.rule
+# ``fn(logp, keep, spans, eps) -> P`` as ``scorer.average=name``; ``spans`` are each question's
+# [start, end) in the answer tokens (one span covering all of them when k = 1)
+average_rule = AVERAGES.rule
 
 
 @filter_rule("independent", "each side keeps the tokens it predicts with log-prob above tau (the reference)")

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from services.common.memory_reward import geometric_p, kept_masks, memory_reward
+from services.algorithm.memory_reward import geometric_p, kept_masks, memory_reward
 
 TAU = math.log(0.5)
 
@@ -86,7 +86,7 @@ def test_average_and_spans_are_checked():
 
 def test_every_rule_is_a_config_choice_and_an_unknown_one_is_refused():
     from services.config import ConfigError, load_config
-    from services.common.memory_reward import AVERAGES, FILTERS
+    from services.algorithm.memory_reward import AVERAGES, FILTERS
 
     for name in FILTERS:
         assert load_config(None, [f"scorer.filter_mode={name}"]).scorer.filter_mode == name

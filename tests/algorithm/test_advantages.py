@@ -19,8 +19,9 @@ from services.common.messages import (
     TurnRecord,
 )
 from services.common.rewards import exact_match, multi_objective_em, normalize_answer
-from services.learner.advantages import (compute_advantages, format_valid, normalize, outcome_reward, pool_key,
-                                         token_advantage)
+from services.algorithm.advantages import compute_advantages, format_valid, outcome_reward
+from services.algorithm.memory_advantage import pool_key, token_advantage
+from services.algorithm.outcome import normalize
 
 I32 = np.int32
 

@@ -1,5 +1,5 @@
-"""Each registry of choices (services/common/choices.py, and memory_reward.py's filters and averages) is
-the one list its config field validates against, its code branches on (an unknown name raises), and
+"""Each registry of choices (the rule tables of services/algorithm/: memory_reward.py, memory_advantage.py,
+outcome.py) is the one list its config field validates against, its code branches on (an unknown name raises), and
 docs/algorithm.md shows."""
 
 import re
@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from services.algorithm.outcome import OUTCOME_ADVANTAGES
-from services.common.choices import MEM_CREDIT_SCOPES, MEM_CREDITS, MEM_POOLINGS, SCORED_ANSWERS, Choices
+from services.algorithm.memory_advantage import MEM_CREDIT_SCOPES, MEM_CREDITS, MEM_POOLINGS, mem_credit
+from services.common.choices import Choices
 from services.config import AlgorithmConfig, ConfigError, MempoConfig, load_config
-from services.common.memory_reward import AVERAGES, FILTERS, average_p, memory_reward
+from services.algorithm.memory_reward import AVERAGES, FILTERS, SCORED_ANSWERS, average_p, memory_reward
 from services.common.messages import TrajectoryBatch
-from services.learner.advantages import CREDIT_SCOPES, compute_advantages, mem_credit
+from services.algorithm.advantages import compute_advantages
 
 ROOT = Path(__file__).resolve().parents[2]
 ALGORITHM_MD = (ROOT / "docs" / "algorithm.md").read_text()
@@ -41,7 +42,8 @@ def test_the_config_field_accepts_exactly_the_tables_names(table):
 
 
 def test_code_that_branches_on_a_choice_raises_on_an_unknown_one():
-    assert set(CREDIT_SCOPES) == set(MEM_CREDIT_SCOPES)
+    for table in (FILTERS, AVERAGES, MEM_POOLINGS, MEM_CREDITS, MEM_CREDIT_SCOPES, OUTCOME_ADVANTAGES):
+        assert all(callable(rule.fn) for rule in table.values()), f"{table.field}: a choice without its rule"
     assert [mem_credit(-0.5, c) for c in MEM_CREDITS] == [-0.5, -0.5] and mem_credit(0.5, "loss_only") == 0.0
     with pytest.raises(ValueError, match="algorithm.mem_credit: unknown choice 'diference'"):
         mem_credit(0.5, "diference")  # before: silently acted as 'difference'

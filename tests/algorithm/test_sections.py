@@ -1,6 +1,6 @@
-"""The memory grammar's section parse (services/common/memory_sections.py)."""
+"""The memory grammar's section parse (services/algorithm/sections.py)."""
 
-from services.common.memory_sections import ANSWER_LINE, memory_sections
+from services.algorithm.sections import ANSWER_LINE, memory_sections
 
 
 def test_sections_split_a_memory_by_question_header():

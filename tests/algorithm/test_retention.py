@@ -4,7 +4,7 @@ import numpy as np
 from transformers import AutoTokenizer
 
 from services.common.messages import Episode, Prompt, RolloutGroup, TurnRecord
-from services.common.retention import retention_labels, retention_metrics, shown_answers
+from services.algorithm.retention import retention_labels, retention_metrics, shown_answers
 from services.common.token_text import TokenText
 
 I32 = np.int32

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from services.learner.loss import aggregate, behaviour_weights, entropy_from_logits, kl_penalty, policy_loss
+from services.algorithm.loss import aggregate, behaviour_weights, entropy_from_logits, kl_penalty, policy_loss
 
 
 def t(x):
