@@ -89,14 +89,15 @@ def behaviour_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, stale:
     ``mode``: "stale" weights only those (a token of the current version was sampled by these very
     weights; its vLLM/learner log-prob gap is numerics, left alone, so a synchronous run's loss is
     unchanged); "all" weights every token (verl's TIS: also corrects the sampler/trainer mismatch);
-    "off" gives 1 everywhere. Weights are 1 on masked positions; the log-ratio is clamped to
+    "off" gives 1 everywhere, and so does "mask" (the learner has already taken stale tokens out of the
+    loss mask: services/learner/samples.py ``mask_stale``). Weights are 1 on masked positions; the log-ratio is clamped to
     [-20, 20] first, so no weight is inf or NaN."""
     keep = mask > 0
-    if mode == "off":
+    if mode in ("off", "mask"):
         return torch.ones_like(old_logp), {"is_weight_mean": 1.0, "is_weight_max": 1.0, "is_truncated_share": 0.0,
                                            "is_tokens": 0.0}
     if mode not in ("stale", "all"):
-        raise ValueError(f"unknown importance-weight mode {mode!r}; choose stale, all or off")
+        raise ValueError(f"unknown importance-weight mode {mode!r}; choose stale, all, mask or off")
     zero = torch.zeros((), dtype=old_logp.dtype, device=old_logp.device)
     weighted = keep & (stale > 0) if mode == "stale" else keep
     log_w = torch.clamp(torch.where(weighted, old_logp.detach(), zero) - torch.where(weighted, rollout_logp, zero),

@@ -142,7 +142,8 @@ class LearnerGroup:
             out["is_weight_mean"] = out.pop("is_weight") / weighted if weighted else 1.0
             out["is_truncated_share"] = out.pop("is_truncated") / max(weighted, 1.0)
             out["is_weight_max"] = max(p["is_weight_max"] for p in parts)
-        for k in ("grad_norm", "lr", "skipped_steps", "noise/groups", "noise/trace", "noise/signal_sq"):
+        for k in ("grad_norm", "lr", "skipped_steps", "noise/groups", "noise/trace", "noise/signal_sq",
+                  "masked_stale_tokens"):
             if k in parts[0]:  # the same on every rank (all-reduced)
                 out[k] = parts[0][k]
         out["seconds"] = max(p["seconds"] for p in parts)

@@ -109,6 +109,22 @@ def sample_lags(batch: TrainingBatch) -> np.ndarray:
     return batch.policy_version - batch.sample_versions.astype(np.int64)
 
 
+def mask_stale(batch: TrainingBatch) -> int:
+    """``learner.behaviour_is=mask``: the loss mask of every sample an older policy version sampled set
+    to 0 in place (slime's masking of off-policy tokens: they carry no gradient and leave the loss's
+    denominators). Returns how many loss tokens it masked."""
+    stale = sample_lags(batch) > 0
+    if not stale.any():
+        return 0
+    cu = batch.cu_seqlens
+    before = int(batch.loss_mask.sum())
+    mask = batch.loss_mask.copy()
+    for i in np.flatnonzero(stale):
+        mask[cu[i]:cu[i + 1]] = False
+    batch.loss_mask = mask
+    return before - int(mask.sum())
+
+
 def _pack(order: list[int], cu: np.ndarray, token_budget: int) -> list[list[int]]:
     """Length-sorted samples (``order``) into micro-batches of at most ``token_budget`` padded tokens."""
     packs, cur = [], []

@@ -186,12 +186,14 @@ class LearnerConfig(Section):
         0.001, ge=0,
         description="Weight of the KL-to-reference loss term.",
     )
-    behaviour_is: Literal["stale", "all", "off"] = Field(
+    behaviour_is: Literal["stale", "all", "mask", "off"] = Field(
         "stale",
         description=(
             "Off-policy correction (decoupled PPO): weight tokens by the truncated importance ratio pi_old / "
             "pi_behaviour. stale = only tokens sampled by an older version (a synchronous run is unchanged); all = "
-            "every token (also corrects the vLLM/learner numeric mismatch, as verl's TIS); off = none."
+            "every token (also corrects the vLLM/learner numeric mismatch, as verl's TIS); mask = no weights, "
+            "tokens sampled by an older version are left out of the loss (slime's masking of off-policy "
+            "tokens); off = none."
         ),
     )
     is_cap: float = Field(

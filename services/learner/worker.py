@@ -35,7 +35,7 @@ from services.learner.logprobs import token_logprobs
 from services.learner.memory import available_bytes, budget_advice, estimate_peak
 from services.algorithm.loss import aggregate, behaviour_weights, kl_penalty, policy_loss
 from services.learner.noise_scale import GroupGradients
-from services.learner.samples import MicroBatch, global_counts, micro_batches
+from services.learner.samples import MicroBatch, global_counts, mask_stale, micro_batches
 from services.learner.shard import load_model
 
 log = logging.getLogger("mempo.learner")
@@ -140,6 +140,7 @@ class LearnerWorker:
         lc = self.cfg.learner
         t0 = time.perf_counter()
         batch = decode(payload, TrainingBatch)
+        masked = mask_stale(batch) if lc.behaviour_is == "mask" else 0  # before the loss's denominators
         tokens, rows = global_counts(batch)
         micro = self._micro(batch, by_group=lc.noise_scale)
         groups = GroupGradients(self.trainable) if lc.noise_scale else None
@@ -187,6 +188,7 @@ class LearnerWorker:
         if groups is not None:
             sums.update(groups.finish())
         sums.update(self._finish_step(loss=sums["pg_loss"] + lc.kl_coef * sums["kl"]))
+        sums["masked_stale_tokens"] = float(masked)  # learner.behaviour_is=mask: the whole batch's (every rank's)
         sums["seconds"] = time.perf_counter() - t0
         return sums
 
@@ -205,6 +207,7 @@ class LearnerWorker:
         """Cross-entropy on the generated (assistant) tokens; same machinery, same normalisation."""
         t0 = time.perf_counter()
         batch = decode(payload, TrainingBatch)
+        masked = mask_stale(batch) if lc.behaviour_is == "mask" else 0  # before the loss's denominators
         tokens, rows = global_counts(batch)
         loss_sum, n = 0.0, 0.0
         for mb in self._micro(batch):

@@ -66,3 +66,29 @@ def test_sample_versions_give_each_token_its_lag():
     legacy = pack(samples, policy_version=5)
     legacy.sample_versions = np.zeros(0, np.int32)  # a batch from before the field: every sample on-policy
     assert sample_lags(legacy).tolist() == [0, 0, 0]
+
+
+def test_masking_stale_samples_takes_their_tokens_out_of_the_loss_and_its_gradient():
+    """learner.behaviour_is=mask: a sample an older version sampled keeps no loss token, the denominators
+    shrink with it, and its log-probs get no gradient; the fresh samples' loss is what it was alone."""
+    import torch
+
+    from services.algorithm.loss import policy_loss
+    from services.learner.samples import global_counts, mask_stale, micro_batches
+
+    samples = [Sample(np.array([1, 2]), np.array([3, 4]), version=5), Sample(np.array([4]), np.array([5, 6, 7]), version=3),
+               Sample(np.array([7]), np.array([8]))]
+    tb = pack(samples, policy_version=5, step=5)
+    tb.advantages = np.linspace(-1.0, 1.0, len(tb.input_ids)).astype(np.float32)
+    assert global_counts(tb) == (6.0, 3.0)
+    assert mask_stale(tb) == 3 and global_counts(tb) == (3.0, 2.0)
+    assert mask_stale(tb) == 0  # masked once: nothing stale is left in the loss
+    for mb in micro_batches(tb, token_budget=64):
+        logp = torch.zeros(mb.loss_mask.shape, dtype=torch.float32, requires_grad=True)
+        loss, _ = policy_loss(logp, logp.detach(), mb.advantages, mb.loss_mask, agg="token-mean", total_tokens=3.0)
+        loss.backward()
+        for row, i in enumerate(mb.samples):
+            n = int(tb.cu_seqlens[i + 1] - tb.cu_seqlens[i])
+            assert (logp.grad[row, :n] != 0).any() == (i != 1), i  # the stale sample: no gradient at all
+    fresh = pack([samples[0], samples[2]], policy_version=5, step=5)
+    assert global_counts(fresh) == global_counts(tb)
