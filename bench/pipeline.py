@@ -1,10 +1,12 @@
-"""Synchronous versus bounded-staleness training: steps per hour, each stage's busy and idle time,
-and held-out EM after the same steps, for ``train.max_staleness`` 0, 1 and 2.
+"""Synchronous versus bounded-staleness and over-sampled training: steps per hour, episodes trained per
+second, each stage's busy and idle time, and held-out EM after the same steps, for ``train.max_staleness``
+0, 1 and 2 and any ``train.over_sampling`` (a mode ``S:F`` = max_staleness S, over_sampling F).
 
 Each setting is one ``mempo train`` run from the same SFT start (same seed, steps and prompts), in
 its own process and Ray cluster, one after another. Figures come from the runs' metrics.jsonl:
 
-* steps/hour: steps over the summed step wall times (the periodic evals left out);
+* steps/hour: steps over the summed step wall times (the periodic evals left out); episodes/s: the
+  episodes trained over the same time;
 * busy share of a stage: its summed busy seconds over the summed step time. Rollout is the driver's
   wall time of the rollout calls, scoring the scorer's own compute, learner its update without
   publication, weight_sync the publication (services/pipeline/train.py, ``stage_times``). With
@@ -13,7 +15,7 @@ its own process and Ray cluster, one after another. Figures come from the runs' 
 
     make sft                                     # or any run that wrote runs/tiny/sft/model
     .venv/bin/python bench/pipeline.py [--config deploy/configs/tiny.yaml] [--sft runs/tiny/sft/model]
-        [--steps 20] [--staleness 0 1 2] [--out runs/bench-pipeline] [key=value ...]
+        [--steps 20] [--modes 0 1 2 1:1.5] [--out runs/bench-pipeline] [key=value ...]
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def summarise(run_dir: Path) -> dict:
         raise SystemExit(f"{run_dir}: no training rows (did the run fail? see its log)")
     wall = sum(r["step_s"] for r in rows)
     out = {"steps": len(rows), "wall_s": wall, "steps_per_hour": 3600.0 * len(rows) / wall,
+           "episodes_per_s": sum(r["episodes"] for r in rows) / wall,
+           "dropped_groups": sum(r.get("oversample/dropped_groups", 0.0) for r in rows),
            "em": evals[-1].get("em", float("nan")) if evals else float("nan"),
            "reward": sum(r["reward_mean"] for r in rows) / len(rows),
            "lag_token_mean": sum(r.get("version_lag_token_mean", 0.0) for r in rows) / len(rows),
@@ -50,18 +54,20 @@ def summarise(run_dir: Path) -> dict:
     return out
 
 
-def run(config: str, sft: str, steps: int, staleness: int, out_dir: Path, overrides: list[str]) -> Path:
-    run_dir = out_dir / f"staleness-{staleness}"
+def run(config: str, sft: str, steps: int, mode: str, out_dir: Path, overrides: list[str]) -> Path:
+    staleness, _, over = mode.partition(":")
+    run_dir = out_dir / f"mode-{mode.replace(':', '-')}"
     if (run_dir / "metrics.jsonl").exists():
         raise SystemExit(f"{run_dir} exists: remove it (or pick another --out) so the run starts from the SFT policy")
     args = [str(ROOT / ".venv/bin/mempo"), "train", config, f"train.run_dir={run_dir}", f"train.sft_dir={sft}",
-            f"train.steps={steps}", f"train.max_staleness={staleness}", f"train.eval_every={steps}", *overrides]
-    print(f"--- max_staleness={staleness}: {' '.join(args[1:])}", flush=True)
+            f"train.steps={steps}", f"train.max_staleness={staleness}", f"train.over_sampling={over or 1}",
+            f"train.eval_every={steps}", *overrides]
+    print(f"--- mode {mode}: {' '.join(args[1:])}", flush=True)
     t0 = time.perf_counter()
-    with open(out_dir / f"staleness-{staleness}.log", "w") as log:
+    with open(out_dir / f"{run_dir.name}.log", "w") as log:
         rc = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy())
     if rc != 0:
-        raise SystemExit(f"max_staleness={staleness} failed (exit {rc}); see {out_dir / f'staleness-{staleness}.log'}")
+        raise SystemExit(f"mode {mode} failed (exit {rc}); see {out_dir / f'{run_dir.name}.log'}")
     print(f"    done in {time.perf_counter() - t0:.0f}s", flush=True)
     return run_dir
 
@@ -71,7 +77,8 @@ def main() -> None:
     ap.add_argument("--config", default="deploy/configs/tiny.yaml")
     ap.add_argument("--sft", default="runs/tiny/sft/model", help="the SFT policy every run starts from")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--modes", nargs="+", default=["0", "1", "2"],
+                    help="S or S:F: train.max_staleness S with train.over_sampling F (default 1)")
     ap.add_argument("--out", default="runs/bench-pipeline")
     ap.add_argument("--only-summarise", action="store_true", help="print the table of runs already in --out")
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides for every run")
@@ -81,18 +88,19 @@ def main() -> None:
     if not a.only_summarise and not (ROOT / a.sft / "config.json").is_file():
         raise SystemExit(f"no SFT policy at {a.sft}: run `make run` (or `mempo sft {a.config}`) first")
     results = {}
-    for s in a.staleness:
-        run_dir = out_dir / f"staleness-{s}" if a.only_summarise else run(a.config, str((ROOT / a.sft).resolve()),
-                                                                          a.steps, s, out_dir, a.overrides)
-        results[s] = summarise(run_dir)
-    base = results.get(0, next(iter(results.values())))["steps_per_hour"]
-    print(f"\n{'staleness':>9} {'steps/h':>8} {'speed-up':>8} " + " ".join(f"{'busy ' + s:>16}" for s in STAGES)
-          + f" {'lag/token':>9} {'IS mean':>7} {'trunc':>6} {'reward':>6} {'EM':>6}")
-    for s, r in results.items():
-        print(f"{s:>9} {r['steps_per_hour']:8.0f} {r['steps_per_hour'] / base:7.2f}x "
+    for m in a.modes:
+        run_dir = out_dir / f"mode-{m.replace(':', '-')}" if a.only_summarise else run(
+            a.config, str((ROOT / a.sft).resolve()), a.steps, m, out_dir, a.overrides)
+        results[m] = summarise(run_dir)
+    base = next(iter(results.values()))["episodes_per_s"]
+    print(f"\n{'mode':>6} {'steps/h':>8} {'episodes/s':>10} {'vs first':>8} "
+          + " ".join(f"{'busy ' + s:>16}" for s in STAGES)
+          + f" {'lag/token':>9} {'IS mean':>7} {'trunc':>6} {'dropped':>7} {'reward':>6} {'EM':>6}")
+    for m, r in results.items():
+        print(f"{m:>6} {r['steps_per_hour']:8.0f} {r['episodes_per_s']:10.3f} {r['episodes_per_s'] / base:7.2f}x "
               + " ".join(f"{r[f'busy/{st}']:16.2f}" for st in STAGES)
-              + f" {r['lag_token_mean']:9.2f} {r['is_weight_mean']:7.3f} {r['is_truncated']:6.3f} {r['reward']:6.3f}"
-              f" {r['em']:6.3f}")
+              + f" {r['lag_token_mean']:9.2f} {r['is_weight_mean']:7.3f} {r['is_truncated']:6.3f}"
+              f" {r['dropped_groups']:7.0f} {r['reward']:6.3f} {r['em']:6.3f}")
 
 
 if __name__ == "__main__":

@@ -116,8 +116,9 @@ def _format_errors(err: ValidationError) -> str:
         if e["type"] == "extra_forbidden":
             msg = f"unknown key{_suggest(loc)}"
         elif e["type"] == "value_error" and (named := _NAMED.match(e["msg"].removeprefix("Value error, "))):
-            # a cross-field check (on the root, so its location is empty): "section.field: why"
-            loc, msg = ".".join(p for p in (loc, named[1]) if p), named[2]
+            # a cross-field check, "section.field: why": on the root (its location is empty) or on a section
+            # (its location the section's, which the message names already)
+            loc, msg = named[1] if named[1].startswith(f"{loc}.") else ".".join(p for p in (loc, named[1]) if p), named[2]
         elif not e["loc"]:
             loc, msg = "config", e["msg"].removeprefix("Value error, ")
         else:

@@ -213,6 +213,9 @@ class PromptStream:
         return self._orders[epoch]
 
     def at(self, step: int) -> list[Prompt]:
+        return [self.prompt_at(p) for p in range(step * self.per_step, (step + 1) * self.per_step)]
+
+    def prompt_at(self, position: int) -> Prompt:
+        """The prompt at ``position`` of the endless seeded order (epoch ``position // len(prompts)``)."""
         n = len(self.prompts)
-        positions = range(step * self.per_step, (step + 1) * self.per_step)
-        return [self.prompts[self._order(p // n)[p % n]] for p in positions]
+        return self.prompts[self._order(position // n)[position % n]]

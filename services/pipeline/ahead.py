@@ -14,6 +14,8 @@ learner checks the bound again and corrects for the lag in its loss). With s = 0
 previous update, then syncs the replicas' weights, exactly as a synchronous loop: same batches, same
 order, same numbers. With s >= 1 the rollout of step b + 1 runs while the learner trains step b; new
 weights reach the rollout replicas mid-generation (their running turns finish on the old version).
+With ``train.over_sampling`` > 1 a step's batch is instead the first groups of a pool to complete
+(services/pipeline/oversample.py); the rest stay in flight for later steps, within the same bound.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.config import MempoConfig
 from services.common.data import PromptStream
 from services.common.messages import PromptBatch
+from services.pipeline.oversample import GroupPool
 
 
 @dataclass
@@ -40,6 +43,7 @@ class Generated:
     started_at_version: int  # the learner's version when generation began (>= step - max_staleness)
     waited_s: float = 0.0  # how long the thread waited for the learner before starting this batch
     resynced: bool = False  # replicas held another policy and got the current one again (max_staleness 0)
+    pool: dict = field(default_factory=dict)  # over-sampling's metrics of this step (services/pipeline/oversample.py)
 
 
 def generate(cfg: MempoConfig, pipe, batch: PromptBatch) -> tuple[list, list, float, float]:
@@ -71,6 +75,8 @@ class RolloutsAhead:
         self.ready: queue.Queue = queue.Queue()  # Generated batches in step order, or the thread's error
         self._cond = threading.Condition()
         self._stop = False
+        # train.over_sampling > 1: groups kept in flight across steps, each step the first to complete
+        self.pool = GroupPool(cfg, pipe, prompts, generate) if cfg.train.over_sampling > 1 else None
         self._thread = threading.Thread(target=self._run, args=(first_step,), name="mempo-rollouts-ahead",
                                         daemon=True)
         self._thread.start()
@@ -99,6 +105,8 @@ class RolloutsAhead:
             self._stop = True
             self._cond.notify_all()
         self._thread.join(timeout=0.1)
+        if self.pool is not None:
+            self.pool.close()
 
     def _run(self, step: int) -> None:
         try:
@@ -113,6 +121,12 @@ class RolloutsAhead:
                 # synchronous: make every replica hold the learner's policy first (resumed, or replaced);
                 # ahead, the learner publishes each new version to all live replicas itself
                 resynced = self.pipe.sync_weights(version=step) if self.max_staleness == 0 else False
+                if self.pool is not None:  # the first groups to complete, some started steps ago
+                    traj, scores, pool = self.pool.take(step, version)
+                    self.ready.put(Generated(step, traj, scores, pool["oversample/wait_s"], 0.0,
+                                             int(pool["oversample/taken_version_min"]), waited, resynced, pool))
+                    step += 1
+                    continue
                 # min_version: the oldest policy the learner will accept for this step
                 batch = PromptBatch(self.prompts.at(step), n=self.cfg.rollout.n, policy_version=version, step=step,
                                     seed=self.cfg.train.seed, min_version=max(0, step - self.max_staleness))

@@ -9,10 +9,13 @@ A violation is one line saying what broke and where. Checked:
 - **every step trains each of its prompt groups exactly once**: the lineage of the learner's ledger
   (services/learner/ledger.py) has steps 1..N once each, no step was trained twice without a rollback
   between, and step s trained exactly the prompts ``PromptStream.at(s - 1)`` gives (each uid as many
-  groups as it appears there, ``rollout.n`` episodes per group);
+  groups as it appears there, ``rollout.n`` episodes per group). With ``train.over_sampling`` a step
+  trains ``prompts_per_step`` groups drawn by the steps its lag bound allows (services/pipeline/
+  oversample.py: blocks s - 1 - max_staleness .. s - 1), and over the run no drawn group twice;
 - **versions never go backwards, and each trained sample names the one that produced it**: the turns
   step s trained on were sampled at versions within [s - 1 - max_staleness, s - 1], the memories
-  scored likewise, and the lowest version trained on never falls from one step to the next;
+  scored likewise, and the lowest version trained on never falls from one step to the next (with
+  over-sampling it may: a buffered group can be older than the previous step's);
 - **checkpoints are never half-written**: every start of a learner group at step c has the weights
   the ledger recorded when step c was trained (digest), i.e. a resume after any fault continues from
   the same weights, step and prompts as an unfaulted resume; every checkpoint marked complete has its
@@ -45,7 +48,38 @@ def expected_prompts(cfg: MempoConfig, steps: int) -> dict[int, Counter]:
     return {s: Counter(p.uid for p in stream.at(s - 1)) for s in range(1, steps + 1)}
 
 
-def check_lineage(rows: list[dict], expected: dict[int, Counter], n: int, max_staleness: int) -> list[str]:
+def drawn_prompts(cfg: MempoConfig, steps: int) -> tuple[dict[int, Counter], Counter]:
+    """Over-sampling: (step (1-based) -> the uids its groups may come from, every uid the run drew), with
+    their multiplicity: step s trains groups launched for steps s - 1 - max_staleness .. s - 1, each of
+    which drew from its own block of T positions of the prompt order."""
+    stream = PromptStream(load_prompts(data_path(cfg, "train"), cfg.rollout.system_prompt, setting="train.data"),
+                          cfg.train.prompts_per_step, cfg.train.seed)
+    t_ = cfg.train.groups_in_flight
+    blocks = [Counter(stream.prompt_at(t * t_ + i).uid for i in range(t_)) for t in range(steps)]
+    window = {s: sum((blocks[t] for t in range(max(0, s - 1 - cfg.train.max_staleness), s)), Counter())
+              for s in range(1, steps + 1)}
+    return window, sum(blocks, Counter())
+
+
+def _oversampled(kept: dict, window: dict[int, Counter], drawn: Counter, per_step: int) -> list[str]:
+    """Each step's groups from its window, prompts_per_step of them; no drawn group trained twice."""
+    out, total = [], Counter()
+    for s in sorted(set(kept) & set(window)):
+        got = Counter({uid: groups for uid, (groups, _) in kept[s]["prompts"].items()})
+        total += got
+        if sum(got.values()) != per_step:
+            out.append(f"step {s}: trained {sum(got.values())} prompt groups, not train.prompts_per_step={per_step}")
+        if got - window[s]:
+            out.append(f"step {s}: prompt groups not drawn for it {sorted((got - window[s]).elements())}")
+    if total - drawn:
+        out.append(f"prompt groups trained more often than drawn: {sorted((total - drawn).elements())}")
+    return out
+
+
+def check_lineage(rows: list[dict], expected: dict[int, Counter], n: int, max_staleness: int,
+                  oversampled: tuple[dict[int, Counter], Counter, int] | None = None) -> list[str]:
+    """``oversampled``: (``drawn_prompts``' window and draws, prompts_per_step) when the run over-sampled;
+    ``expected`` then only gives the steps."""
     out = []
     kept, _, twice = ledger.lineage(rows)
     out += [f"step {r['step']} trained twice with no rollback between (ledger)" for r in twice]
@@ -55,11 +89,13 @@ def check_lineage(rows: list[dict], expected: dict[int, Counter], n: int, max_st
         out.append(f"steps never trained: {missing}")
     if extra:
         out.append(f"steps trained beyond the run's end: {extra}")
+    if oversampled is not None:
+        out += _oversampled(kept, *oversampled)
     floor = -1
     for s in sorted(set(kept) & set(expected)):
         row = kept[s]
         got = {uid: groups for uid, (groups, _) in row["prompts"].items()}
-        if got != dict(expected[s]):
+        if oversampled is None and got != dict(expected[s]):
             lost = sorted((expected[s] - Counter(got)).elements())
             dup = sorted((Counter(got) - expected[s]).elements())
             out.append(f"step {s}: prompt groups lost {lost}, extra or twice {dup}")
@@ -73,7 +109,7 @@ def check_lineage(rows: list[dict], expected: dict[int, Counter], n: int, max_st
         if any(v < lo or v > hi for v in versions):
             out.append(f"step {s}: trained on versions {row['turn_versions']} / scored by {row['score_versions']}, "
                        f"outside [{lo}, {hi}]")
-        if row["turn_versions"]:
+        if row["turn_versions"] and oversampled is None:
             if row["turn_versions"][0] < floor:
                 out.append(f"step {s}: sampled at version {row['turn_versions'][0]}, below step {s - 1}'s {floor}")
             floor = max(floor, row["turn_versions"][0])
@@ -132,7 +168,8 @@ def check_training(cfg: MempoConfig, run_dir: str | Path, steps: int) -> list[st
     rows = ledger.read(run_dir)
     if not rows:
         return [f"no ledger in {run_dir}"]
-    return (check_lineage(rows, expected_prompts(cfg, steps), cfg.rollout.n, cfg.train.max_staleness)
+    over = (*drawn_prompts(cfg, steps), cfg.train.prompts_per_step) if cfg.train.over_sampling > 1 else None
+    return (check_lineage(rows, expected_prompts(cfg, steps), cfg.rollout.n, cfg.train.max_staleness, over)
             + check_starts(rows) + check_checkpoints(run_dir) + check_log(run_dir, steps))
 
 

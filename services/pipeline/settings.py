@@ -5,9 +5,10 @@ Composed into the config tree by services/config.py.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from services.common.config_fields import PositiveInt, Section
 
@@ -102,6 +103,19 @@ class TrainConfig(Section):
             "trains, and the loss corrects for the lag (learner.behaviour_is)."
         ),
     )
+    over_sampling: float = Field(
+        1.0, ge=1.0,
+        description=(
+            "Over-sampling with a buffer: keep ceil(prompts_per_step x over_sampling) prompt groups in flight, one "
+            "rollout call each, and train each step on the first prompts_per_step that complete; the others keep "
+            "running turn by turn under whatever policy the replicas hold as they go (partial rollouts) and enter a "
+            "later step, unless they started more than max_staleness versions before the learner that would train "
+            "them (dropped, counted as oversample/dropped_groups). 1 = off: a step's groups start together and all "
+            "are trained. Needs max_staleness >= 1; step s draws its prompts from positions [s*T, (s+1)*T) of the "
+            "seeded prompt order (T = the groups in flight), so a resumed run never draws a position again and "
+            "the buffer of a stopped run is dropped. Not deterministic: which groups finish first depends on timing."
+        ),
+    )
     seed: int = Field(
         0,
         description="Seed of data order and sampling.",
@@ -148,6 +162,19 @@ class TrainConfig(Section):
         "mempo",
         description="MLflow experiment the runs are logged under.",
     )
+
+    @model_validator(mode="after")
+    def _over_sampling_needs_staleness(self) -> "TrainConfig":
+        if self.over_sampling > 1.0 and self.max_staleness < 1:
+            raise ValueError(f"train.over_sampling: {self.over_sampling} keeps groups running across updates, so their "
+                             "later turns come from newer policies than their first: set train.max_staleness >= 1 (how "
+                             "many versions a trained group may lag), or over_sampling=1")
+        return self
+
+    @property
+    def groups_in_flight(self) -> int:
+        """T: the prompt groups over-sampling keeps in flight (prompts_per_step when it is off)."""
+        return max(self.prompts_per_step, math.ceil(self.prompts_per_step * self.over_sampling - 1e-9))
 
 
 class EvalConfig(Section):

@@ -65,7 +65,7 @@ def stage_times(batch: Generated, stats: dict, step_s: float) -> dict:
     out = {f"time/{k}_s": v for k, v in busy.items()}
     out.update({f"idle/{k}_s": max(0.0, step_s - v) for k, v in busy.items()})
     out.update(step_s=step_s, scoring_tail_s=batch.scoring_tail_s, rollout_waited_s=batch.waited_s,
-               rollout_started_at_version=float(batch.started_at_version))
+               rollout_started_at_version=float(batch.started_at_version), **batch.pool)
     return out
 
 

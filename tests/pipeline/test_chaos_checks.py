@@ -65,6 +65,26 @@ def test_a_clean_lineage_passes_and_each_broken_one_is_named(tmp_path):
     assert "episodes per group" in cc.check_lineage(_ledger(tmp_path / "n", episodes), EXPECTED, 2, 0)[0]
 
 
+def test_an_over_sampled_lineage_trains_groups_of_its_window_once(tmp_path):
+    """train.over_sampling: a step trains prompts_per_step groups of the blocks its lag allows, in any order,
+    versions may fall between steps, and no drawn group is trained twice."""
+    window = {1: Counter("abcd"), 2: Counter("abcdefgh")}  # block 0 = abcd, block 1 = efgh (max_staleness 1)
+    drawn = Counter("abcdefgh")
+    over = (window, drawn, 2)
+    good = [("start", 0, 1.0), ("trained", 1, 2.0, {"c": [1, 2], "a": [1, 2]}, [0, 0]),
+            ("trained", 2, 3.0, {"b": [1, 2], "e": [1, 2]}, [0, 1])]  # b: launched at version 0, buffered
+    assert cc.check_lineage(_ledger(tmp_path / "ok", good), EXPECTED, 2, 1, over) == []
+    twice = good[:2] + [("trained", 2, 3.0, {"a": [1, 2], "e": [1, 2]}, [0, 1])]
+    assert cc.check_lineage(_ledger(tmp_path / "twice", twice), EXPECTED, 2, 1, over) == [
+        "prompt groups trained more often than drawn: ['a']"]
+    early = [good[0], ("trained", 1, 2.0, {"c": [1, 2], "e": [1, 2]}, [0, 0]), good[2]]
+    assert cc.check_lineage(_ledger(tmp_path / "early", early), EXPECTED, 2, 1, over) == [
+        "step 1: prompt groups not drawn for it ['e']", "prompt groups trained more often than drawn: ['e']"]
+    short = good[:2] + [("trained", 2, 3.0, {"b": [1, 2]}, [0, 1])]
+    assert cc.check_lineage(_ledger(tmp_path / "short", short), EXPECTED, 2, 1, over) == [
+        "step 2: trained 1 prompt groups, not train.prompts_per_step=2"]
+
+
 def test_a_resume_must_hold_the_weights_its_step_left(tmp_path):
     rows = [("start", 0, 1.0), ("trained", 1, 2.0, {"a": [1, 2]}, [0, 0]), ("trained", 2, 3.0, {"c": [1, 2]}, [1, 1]),
             ("start", 1, 2.0), ("trained", 2, 3.5, {"c": [1, 2]}, [1, 1]), ("start", 2, 3.5)]

@@ -283,3 +283,62 @@ def test_max_staleness_one_trains_ahead_within_the_bound(run):
               f"IS weight mean {r['is_weight_mean']:.3f} max {r['is_weight_max']:.3f} over "
               f"{r['is_weighted_tokens']:.0f} stale tokens, step {r['step_s']:.1f}s")
     assert [r["version"] for r in out7["pipeline"].rollout.handle.broadcast("info").results()] == [7, 7]
+
+
+def test_over_sampling_trains_the_first_groups_to_complete_within_the_bound(run, serve_http):
+    """The same pipeline, switched to over-sampling (train.over_sampling, a driver-only field): each step
+    trains PROMPTS groups of the 6 kept in flight, drawn from the blocks its lag allows; no token more
+    than one version old; a rollout replica killed while groups are in flight loses none; every trained
+    group once in the learner's ledger."""
+    from services.common.data import PromptStream, load_prompts
+    from services.common.paths import data_path
+
+    cfg, out, run_dir = run
+    cfg10 = cfg.model_copy(deep=True)
+    cfg10.train.steps, cfg10.train.max_staleness, cfg10.train.over_sampling = 10, 1, 1.5
+    assert cfg10.train.groups_in_flight == 6
+    app, killed = f"{PREFIX}rollout", {}
+
+    def searches() -> int:
+        return httpx.get(f"{serve_http}/{PREFIX}search/health", timeout=10).json()["requests"]
+
+    def kill_while_groups_run():
+        # once step 8 is logged the pool holds the groups of the next steps in flight (6 calls over 2
+        # replicas); an agent's search says they are running
+        deadline = time.time() + 300
+        while time.time() < deadline and not any(r["step"] == 8 for r in read_rows(run_dir / "metrics.jsonl", "train")):
+            time.sleep(0.05)
+        before = searches()
+        while time.time() < deadline and searches() == before:
+            time.sleep(0.02)
+        victim = _replica_actors(app)[0]
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        killed["name"] = victim
+
+    killer = threading.Thread(target=kill_while_groups_run, daemon=True)
+    killer.start()
+    out10 = train(cfg10)
+    killer.join(timeout=5)
+    assert killed, "the replica was never killed"
+    assert out10["step"] == 10
+    rows = {r["step"]: r for r in read_rows(run_dir / "metrics.jsonl", "train")}
+    assert sorted(rows) == list(range(1, 11))
+    for step in (8, 9, 10):
+        r = rows[step]
+        assert r["episodes"] == PROMPTS * N and r["stale_samples_dropped"] == 0
+        assert r["version_lag_token_max"] <= 1 and r["oversample/taken_version_min"] >= step - 2
+        assert r["oversample/groups_in_flight"] + r["oversample/groups_buffered"] <= 6 - PROMPTS
+        print(f"\n[over-sampling] step {step}: launched {r['oversample/groups_launched']:.0f}, in flight "
+              f"{r['oversample/groups_in_flight']:.0f}, buffered {r['oversample/groups_buffered']:.0f}, dropped "
+              f"{r['oversample/dropped_groups']:.0f}, token lag max {r['version_lag_token_max']:.0f}, "
+              f"retries {r['rollout_retries']:.0f}, step {r['step_s']:.1f}s")
+    assert rows[10]["rollout_retries"] >= 1  # the killed replica's calls went again, to the other
+    stream = PromptStream(load_prompts(data_path(cfg, "train"), cfg.rollout.system_prompt), PROMPTS, cfg.train.seed)
+    drawn = {stream.prompt_at(p).uid for p in range(7 * 6, 10 * 6)}  # the blocks of steps 7-9 (trained as 8-10)
+    ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    trained = [row["prompts"] for row in ledger if row["event"] == "trained" and row["step"] in (8, 9, 10)]
+    assert len(trained) == 3 and all(len(p) == PROMPTS for p in trained)
+    uids = [uid for p in trained for uid in p]
+    assert len(set(uids)) == 3 * PROMPTS and set(uids) <= drawn  # each group once, from its step's draws
+    assert all(groups == 1 and eps == N for p in trained for groups, eps in p.values())
+    wait_while_serve_replaces(lambda: len(_replica_actors(app)) == 2, app, "rollout")
