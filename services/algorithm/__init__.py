@@ -14,5 +14,6 @@ reward; the learner calls it for advantages and the loss. It imports only servic
     loss.py              the token loss: PPO clip, dual clip, behaviour weights, KL (torch)
 
 Everything but loss.py is numpy and the standard library. Run the tests alone in seconds:
-``.venv/bin/python -m pytest -q tests/algorithm``.
+``.venv/bin/python -m pytest -q tests/algorithm``; they include whole RL steps in one process (rollout on
+a transformers model, scores, advantages, an update; no Ray or vLLM: tests/algorithm/inprocess.py).
 """
