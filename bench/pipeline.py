@@ -11,6 +11,8 @@ its own process and Ray cluster, one after another. Figures come from the runs' 
   wall time of the rollout calls, scoring the scorer's own compute, learner its update without
   publication, weight_sync the publication (services/pipeline/train.py, ``stage_times``). With
   overlap the shares add up to more than 1;
+* engine idle: the share of the step time the rollout engines generated nothing (no turn running:
+  waiting for searches, the learner, the slowest group), from each replica's own clock;
 * EM: the last periodic eval (``eval.during_training_per_k`` held-out prompts per k, greedy).
 
     make sft                                     # or any run that wrote runs/tiny/sft/model
@@ -51,6 +53,9 @@ def summarise(run_dir: Path) -> dict:
            "is_truncated": sum(r.get("is_truncated_share", 0.0) for r in rows) / len(rows)}
     for stage in STAGES:
         out[f"busy/{stage}"] = sum(r.get(f"time/{stage}_s", 0.0) for r in rows) / wall
+    timed = [r for r in rows if "engine_busy_share" in r]  # the engines' own clock (rollout replicas' info)
+    out["engine_idle"] = (1.0 - sum(r["engine_busy_share"] * r["step_s"] for r in timed) / sum(r["step_s"] for r in timed)
+                          if timed else float("nan"))
     return out
 
 
@@ -95,11 +100,11 @@ def main() -> None:
     base = next(iter(results.values()))["episodes_per_s"]
     print(f"\n{'mode':>6} {'steps/h':>8} {'episodes/s':>10} {'vs first':>8} "
           + " ".join(f"{'busy ' + s:>16}" for s in STAGES)
-          + f" {'lag/token':>9} {'IS mean':>7} {'trunc':>6} {'dropped':>7} {'reward':>6} {'EM':>6}")
+          + f" {'engine idle':>11} {'lag/token':>9} {'IS mean':>7} {'trunc':>6} {'dropped':>7} {'reward':>6} {'EM':>6}")
     for m, r in results.items():
         print(f"{m:>6} {r['steps_per_hour']:8.0f} {r['episodes_per_s']:10.3f} {r['episodes_per_s'] / base:7.2f}x "
               + " ".join(f"{r[f'busy/{st}']:16.2f}" for st in STAGES)
-              + f" {r['lag_token_mean']:9.2f} {r['is_weight_mean']:7.3f} {r['is_truncated']:6.3f}"
+              + f" {r['engine_idle']:11.2f} {r['lag_token_mean']:9.2f} {r['is_weight_mean']:7.3f} {r['is_truncated']:6.3f}"
               f" {r['dropped_groups']:7.0f} {r['reward']:6.3f} {r['em']:6.3f}")
 
 

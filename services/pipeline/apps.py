@@ -128,6 +128,20 @@ class Pipeline:
             self.republished += 1
         return bool(stale)
 
+    def engine_busy(self) -> dict[str, float]:
+        """Each live rollout replica's seconds with a turn generating since it started (its ``info``); a
+        metric, so it never waits for a replica or fails the step: {} when none answers."""
+        from services.learner.publish import broadcast  # imports Ray and torch at its top
+
+        if self.rollout is None:
+            return {}
+        try:
+            infos = broadcast(self.rollout.handle, "info")[0]
+        except Exception as e:  # no replica alive (one being replaced): the step's share is left out
+            log.debug("engine busy time unavailable: %s", e)
+            return {}
+        return {str(r.get("replica")): float(r.get("engine_busy_s", 0.0)) for r in infos}
+
     def replica_names(self) -> dict[str, list[str]]:
         """service -> the names of its live replicas (rollout, scorer, learner; the search service
         has no ``info``): the same names after a redeploy mean Serve kept the replicas."""

@@ -69,6 +69,16 @@ def stage_times(batch: Generated, stats: dict, step_s: float) -> dict:
     return out
 
 
+def engine_busy_share(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
+    """{"engine_busy_share": the share of ``seconds`` the rollout engines spent generating}, over the
+    replicas alive at the end (``Pipeline.engine_busy`` before and after; a replica started meanwhile
+    counts from its start); {} when no replica answered."""
+    if not after or seconds <= 0:
+        return {}
+    busy = sum(min(seconds, max(0.0, b - before.get(r, 0.0))) for r, b in after.items())
+    return {"engine_busy_share": busy / (seconds * len(after))}
+
+
 def log_unlogged(log: RunLog, run_dir: Path, step: int) -> int:
     """Write the train rows of the steps up to ``step`` that the learner trained and this log lacks: a step
     the learner finished after the last run's driver had stopped waiting for it (a stop while the update
@@ -103,14 +113,15 @@ def train(cfg: MempoConfig) -> dict:
     bar = tqdm(total=cfg.train.steps, initial=step, desc="mempo train", unit="step", dynamic_ncols=True)
     ahead = RolloutsAhead(cfg, pipe, prompts, first_step=step)  # rollout + scoring, up to max_staleness steps ahead
     try:
-        last = time.perf_counter()
+        last, busy = time.perf_counter(), pipe.engine_busy()
         while step < cfg.train.steps:
             batch = ahead.next()  # refs to this step's trajectories and memory scores
             update = pipe.learner.step(batch.traj_refs, batch.score_refs, cfg.train.max_staleness)  # the update
             stats = update.metrics | pipe.learner.publish()  # the new policy to every rollout and scorer replica
             step = stats["step"]
-            now = time.perf_counter()
+            now, busy_before, busy = time.perf_counter(), busy, pipe.engine_busy()
             stats.update(stage_times(batch, stats, now - last), rollout_retries=pipe.rollout.stats["retries"],
+                         **engine_busy_share(busy_before, busy, now - last),
                          scorer_retries=pipe.scorer.stats["retries"], weights_resynced=float(batch.resynced),
                          rollout_failed_s=pipe.rollout.stats["failed_s"],
                          scorer_failed_s=pipe.scorer.stats["failed_s"],
@@ -122,7 +133,7 @@ def train(cfg: MempoConfig) -> dict:
             bar.update(1)
             if periodic and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
                 log.write("eval", step, flatten(evaluate(cfg, pipe, held_out, step=step)))
-            last = time.perf_counter()  # a step's wall time leaves the eval out
+            last, busy = time.perf_counter(), pipe.engine_busy()  # a step's wall time leaves the eval out
             ahead.learner_at(step)  # after the eval, so a synchronous run never samples during one
     finally:  # done, Ctrl-C or an error: close the log, checkpoint the current step
         ahead.close()

@@ -86,6 +86,7 @@ class PolicyEngine:
         self._gate.set()
         self._running = 0
         self._idle = asyncio.Condition()
+        self._busy_s, self._busy_since = 0.0, 0.0  # time with at least one turn generating (busy_seconds)
         self._weights_dir = Path(cfg.rollout.weights_dir) / f"rollout-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.expected = checkpoint_shapes(self.model_dir)
         self._restart_lock = asyncio.Lock()
@@ -162,6 +163,12 @@ class PolicyEngine:
         """Turns generating now."""
         return self._running
 
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds since the replica started during which at least one turn was generating: the rest of
+        the time the engine sat idle (waiting for searches, for the learner, for work)."""
+        return self._busy_s + (time.perf_counter() - self._busy_since if self._running else 0.0)
+
     async def ensure_alive(self) -> bool:
         """Restart a dead engine (its process killed or crashed) in place, with the policy it held:
         the weights of the last update are still in the weights folder. True if it restarted.
@@ -209,6 +216,8 @@ class PolicyEngine:
         version, adapter = self.version, self.adapter  # no await between the gate and registering as running
         self._running += 1
         t0 = time.perf_counter()
+        if self._running == 1:
+            self._busy_since = t0
         try:
             final = None
             async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params,
@@ -217,6 +226,8 @@ class PolicyEngine:
         finally:
             async with self._idle:
                 self._running -= 1
+                if self._running == 0:
+                    self._busy_s += time.perf_counter() - self._busy_since
                 self._idle.notify_all()
         o = final.outputs[0]
         ids = list(o.token_ids)

@@ -127,6 +127,7 @@ class RolloutService:
         return {"replica": self.replica, "version": self.engine.version, "model": self.model_dir,
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "engine_pid": self.engine.pid, "turns_running": self.engine.running,
+                "engine_busy_s": self.engine.busy_seconds,
                 "engine_restarts": self.engine.restarts, "engine_restart_s": self.engine.last_restart_s}
 
     def __del__(self):

@@ -15,7 +15,7 @@ from services.pipeline.runlog import RunLog, read_rows
 from services.pipeline.serve_apps import ROOT, config_from_args
 from services.pipeline.sft import cpus_per_rank, load_transcripts, sft_batch, turn_samples
 from services.pipeline.ahead import Generated
-from services.pipeline.train import log_unlogged, stage_times
+from services.pipeline.train import engine_busy_share, log_unlogged, stage_times
 from services.learner.ledger import Ledger
 from services.pipeline.chaos_checks import check_log
 
@@ -74,6 +74,14 @@ def test_stage_times_busy_and_idle():
     assert out["idle/rollout_s"] == 5.0 and out["idle/weight_sync_s"] == 9.0 and out["scoring_tail_s"] == 0.5
     overlapped = stage_times(batch, {"busy_s": 5.0, "publish_s": 1.0}, step_s=5.5)  # busier than the step
     assert overlapped["idle/rollout_s"] == 0.5 and overlapped["idle/learner_s"] == 0.5
+
+
+def test_the_engines_busy_share_over_a_step_counts_each_replica_from_its_own_clock():
+    before = {"r1": 100.0, "r2": 40.0}
+    after = {"r1": 106.0, "r3": 2.0}  # r2 died; r3 replaced it during the step (its clock starts at 0)
+    assert engine_busy_share(before, after, 10.0) == {"engine_busy_share": (6.0 + 2.0) / 20.0}
+    assert engine_busy_share(before, {"r1": 150.0}, 10.0) == {"engine_busy_share": 1.0}  # never above the step
+    assert engine_busy_share(before, {}, 10.0) == {}  # no replica answered: left out, not 0
 
 
 def test_report_table_and_curves(tmp_path):

@@ -328,10 +328,11 @@ def test_over_sampling_trains_the_first_groups_to_complete_within_the_bound(run,
         assert r["episodes"] == PROMPTS * N and r["stale_samples_dropped"] == 0
         assert r["version_lag_token_max"] <= 1 and r["oversample/taken_version_min"] >= step - 2
         assert r["oversample/groups_in_flight"] + r["oversample/groups_buffered"] <= 6 - PROMPTS
+        assert 0 < r["engine_busy_share"] <= 1  # the rollout engines' own clock
         print(f"\n[over-sampling] step {step}: launched {r['oversample/groups_launched']:.0f}, in flight "
               f"{r['oversample/groups_in_flight']:.0f}, buffered {r['oversample/groups_buffered']:.0f}, dropped "
               f"{r['oversample/dropped_groups']:.0f}, token lag max {r['version_lag_token_max']:.0f}, "
-              f"retries {r['rollout_retries']:.0f}, step {r['step_s']:.1f}s")
+              f"retries {r['rollout_retries']:.0f}, engines busy {r['engine_busy_share']:.2f}, step {r['step_s']:.1f}s")
     assert rows[10]["rollout_retries"] >= 1  # the killed replica's calls went again, to the other
     stream = PromptStream(load_prompts(data_path(cfg, "train"), cfg.rollout.system_prompt), PROMPTS, cfg.train.seed)
     drawn = {stream.prompt_at(p).uid for p in range(7 * 6, 10 * 6)}  # the blocks of steps 7-9 (trained as 8-10)
