@@ -119,7 +119,6 @@ class LearnerService:
         self.group = LearnerGroup(self.cfg, self.model_dir)
         resumed = self.group.resume(self.cfg.train.run_dir)
         self.step_no = resumed["step"] if resumed else 0
-        self.version = self.step_no
         self.ledger = Ledger(self.cfg.train.run_dir)  # what each update trained (services/learner/ledger.py)
         self.ledger.start(self.step_no, self.group.param_digest(), "checkpoint" if resumed else "fresh")
         handles = publish_handles(self.cfg.learner.publish_to)
@@ -182,7 +181,6 @@ class LearnerService:
         finally:
             self.phase = "idle"
         self.step_no += 1
-        self.version += 1
         if self.step_no % self.cfg.learner.checkpoint_every == 0:
             metrics["checkpoint"] = self._with_group(f"the checkpoint of step {self.step_no}", self._save)
         n = max(1, len(adv_metrics))
@@ -212,6 +210,12 @@ class LearnerService:
         if "path" in report:  # learner.publish collective/auto: 1 when these weights went by the group
             out["publish_collective"] = float(report["path"] == "collective")
         return out
+
+    @property
+    def version(self) -> int:
+        """The policy version: how many updates the weights have had. Its one owner; the replicas and the
+        driver hold the version they were given or told (``info``, ``publish``)."""
+        return self.step_no
 
     def _fresh(self, version: int, max_staleness: int) -> bool:
         """Within the staleness bound: sampled (or scored) at most ``max_staleness`` versions ago. The
@@ -245,7 +249,7 @@ class LearnerService:
             self.restarts += 1
             self.last_restart_s = time.perf_counter() - t0
             if resumed != self.step_no:
-                self.step_no = self.version = resumed
+                self.step_no = resumed
                 raise RuntimeError(f"a learner worker died; the group was rebuilt from the checkpoint of step "
                                    f"{resumed} (the latest complete one): run the same command again to resume "
                                    f"from there") from e
