@@ -1,6 +1,7 @@
 """Synchronous versus bounded-staleness and over-sampled training: steps per hour, episodes trained per
 second, each stage's busy and idle time, and held-out EM after the same steps, for ``train.max_staleness``
-0, 1 and 2 and any ``train.over_sampling`` (a mode ``S:F`` = max_staleness S, over_sampling F).
+0, 1 and 2 and any ``train.over_sampling`` (a mode ``S:F`` = max_staleness S, over_sampling F; ``S:F:pause``
+also sets ``train.pause_rollout``: no new turn while the learner updates).
 
 Each setting is one ``mempo train`` run from the same SFT start (same seed, steps and prompts), in
 its own process and Ray cluster, one after another. Figures come from the runs' metrics.jsonl:
@@ -17,7 +18,7 @@ its own process and Ray cluster, one after another. Figures come from the runs' 
 
     make sft                                     # or any run that wrote runs/tiny/sft/model
     .venv/bin/python bench/pipeline.py [--config deploy/configs/tiny.yaml] [--sft runs/tiny/sft/model]
-        [--steps 20] [--modes 0 1 2 1:1.5] [--out runs/bench-pipeline] [key=value ...]
+        [--steps 20] [--modes 0 1 2 1:1.5 1:1.5:pause] [--out runs/bench-pipeline] [key=value ...]
 """
 
 from __future__ import annotations
@@ -60,12 +61,13 @@ def summarise(run_dir: Path) -> dict:
 
 
 def run(config: str, sft: str, steps: int, mode: str, out_dir: Path, overrides: list[str]) -> Path:
-    staleness, _, over = mode.partition(":")
+    staleness, over, pause = (mode.split(":") + ["1", ""])[:3]
     run_dir = out_dir / f"mode-{mode.replace(':', '-')}"
     if (run_dir / "metrics.jsonl").exists():
         raise SystemExit(f"{run_dir} exists: remove it (or pick another --out) so the run starts from the SFT policy")
     args = [str(ROOT / ".venv/bin/mempo"), "train", config, f"train.run_dir={run_dir}", f"train.sft_dir={sft}",
             f"train.steps={steps}", f"train.max_staleness={staleness}", f"train.over_sampling={over or 1}",
+            f"train.pause_rollout={'true' if pause == 'pause' else 'false'}",
             f"train.eval_every={steps}", *overrides]
     print(f"--- mode {mode}: {' '.join(args[1:])}", flush=True)
     t0 = time.perf_counter()
@@ -83,7 +85,8 @@ def main() -> None:
     ap.add_argument("--sft", default="runs/tiny/sft/model", help="the SFT policy every run starts from")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--modes", nargs="+", default=["0", "1", "2"],
-                    help="S or S:F: train.max_staleness S with train.over_sampling F (default 1)")
+                    help="S, S:F or S:F:pause: train.max_staleness S, train.over_sampling F (default 1), "
+                         "train.pause_rollout")
     ap.add_argument("--out", default="runs/bench-pipeline")
     ap.add_argument("--only-summarise", action="store_true", help="print the table of runs already in --out")
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides for every run")

@@ -116,6 +116,16 @@ class TrainConfig(Section):
             "the buffer of a stopped run is dropped. Not deterministic: which groups finish first depends on timing."
         ),
     )
+    pause_rollout: bool = Field(
+        False,
+        description=(
+            "With max_staleness >= 1 (and over_sampling): the rollout replicas start no new turn while the "
+            "learner updates and publishes (turns already generating finish), so rollout and learner take turns "
+            "on shared cores instead of slowing each other down; groups in flight continue afterwards under the "
+            "new policy (partial rollouts as APRIL's). For machines where the stages share CPUs; on separate "
+            "devices leave it off."
+        ),
+    )
     seed: int = Field(
         0,
         description="Seed of data order and sampling.",

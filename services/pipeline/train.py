@@ -116,8 +116,9 @@ def train(cfg: MempoConfig) -> dict:
         last, busy = time.perf_counter(), pipe.engine_busy()
         while step < cfg.train.steps:
             batch = ahead.next()  # refs to this step's trajectories and memory scores
-            update = pipe.learner.step(batch.traj_refs, batch.score_refs, cfg.train.max_staleness)  # the update
-            stats = update.metrics | pipe.learner.publish()  # the new policy to every rollout and scorer replica
+            with pipe.rollout.paused(cfg.train.pause_rollout, cfg.ray.call_timeout_s or 600.0):  # turns wait, if set
+                update = pipe.learner.step(batch.traj_refs, batch.score_refs, cfg.train.max_staleness)  # the update
+                stats = update.metrics | pipe.learner.publish()  # the new policy to every rollout and scorer replica
             step = stats["step"]
             now, busy_before, busy = time.perf_counter(), busy, pipe.engine_busy()
             stats.update(stage_times(batch, stats, now - last), rollout_retries=pipe.rollout.stats["retries"],

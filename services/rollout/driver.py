@@ -12,6 +12,8 @@ replica that made them); the driver never decodes them.
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
 from dataclasses import replace
 
 import ray
@@ -20,6 +22,8 @@ from services.common.calls import call_all, serve_ref
 from services.common.codec import encode
 from services.config import MempoConfig
 from services.common.messages import PromptBatch
+
+log = logging.getLogger("mempo.rollout")
 
 
 class RolloutDriver:
@@ -44,3 +48,21 @@ class RolloutDriver:
                         payloads,
                         self.cfg.rollout.call_retries, "rollout", self.stats,
                         self.before_retry, on_result, timeout_s=timeout_s)
+
+    @contextmanager
+    def paused(self, on: bool, max_s: float):
+        """With ``on``: every live replica starts no new turn inside the block (turns running finish), and
+        again after it; a replica resumes by itself after ``max_s`` should the driver die inside. Replicas
+        that died are skipped (their replacements start unpaused)."""
+        if on:
+            self._each("pause_turns", max_s)
+        try:
+            yield
+        finally:
+            if on:
+                self._each("resume_turns")
+
+    def _each(self, method: str, *args) -> None:
+        for r in self.handle.broadcast(method, *args).results(return_exceptions=True):
+            if isinstance(r, BaseException):
+                log.warning("rollout %s on a replica failed: %s", method, r)

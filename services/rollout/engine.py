@@ -87,6 +87,9 @@ class PolicyEngine:
         self._running = 0
         self._idle = asyncio.Condition()
         self._busy_s, self._busy_since = 0.0, 0.0  # time with at least one turn generating (busy_seconds)
+        self._open = asyncio.Event()  # cleared while the driver pauses new turns (pause_turns)
+        self._open.set()
+        self._reopen = None  # the timer that opens it again should no resume_turns come
         self._weights_dir = Path(cfg.rollout.weights_dir) / f"rollout-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.expected = checkpoint_shapes(self.model_dir)
         self._restart_lock = asyncio.Lock()
@@ -163,6 +166,20 @@ class PolicyEngine:
         """Turns generating now."""
         return self._running
 
+    def pause_turns(self, max_s: float) -> None:
+        """Start no new turn (running ones finish) until :meth:`resume_turns`, or ``max_s`` seconds at most,
+        so a driver that never resumes cannot leave the replica paused. Call on the replica's event loop."""
+        self._open.clear()
+        if self._reopen is not None:
+            self._reopen.cancel()
+        self._reopen = asyncio.get_running_loop().call_later(max_s, self.resume_turns)
+
+    def resume_turns(self) -> None:
+        if self._reopen is not None:
+            self._reopen.cancel()
+            self._reopen = None
+        self._open.set()
+
     @property
     def busy_seconds(self) -> float:
         """Seconds since the replica started during which at least one turn was generating: the rest of
@@ -212,7 +229,9 @@ class PolicyEngine:
     async def generate(self, prompt_ids: list[int], params, request_id: str | None = None) -> TurnOutput:
         from vllm.inputs import TokensPrompt  # imported by start() already; see there
 
-        await self._gate.wait()
+        while not (self._gate.is_set() and self._open.is_set()):  # a weight swap, or the driver's pause
+            await self._gate.wait()
+            await self._open.wait()
         version, adapter = self.version, self.adapter  # no await between the gate and registering as running
         self._running += 1
         t0 = time.perf_counter()

@@ -99,6 +99,16 @@ class RolloutService:
         seconds = await self.engine.commit_weights(version)
         return {"version": version, "seconds": seconds, "replica": self.replica}
 
+    async def pause_turns(self, max_s: float) -> str:
+        """No new turn until resume_turns (or ``max_s``): the driver's pause while the learner updates
+        (``train.pause_rollout``); turns already generating finish."""
+        self.engine.pause_turns(max_s)
+        return self.replica
+
+    async def resume_turns(self) -> str:
+        self.engine.resume_turns()
+        return self.replica
+
     async def generate(self, prompt_ids: list[int], max_tokens: int = 32, temperature: float = 0.0,
                        seed: int = 0) -> dict:
         from vllm import SamplingParams  # imported where the engine starts (PolicyEngine.start)

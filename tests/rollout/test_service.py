@@ -226,3 +226,28 @@ def test_the_cpu_engine_runs_the_configured_threads_unpinned(rollout):
         assert "OMP_PROC_BIND" not in env and "GOMP_CPU_AFFINITY" not in env
         assert os.sched_getaffinity(worker) == os.sched_getaffinity(0)
 
+
+
+def test_paused_replicas_start_no_turn_until_resumed_and_count_their_busy_time(rollout):
+    """train.pause_rollout: inside ``paused`` a call's turns wait (none generates), after it they run; a
+    pause nobody ends lifts itself after max_s. The engine's busy clock grows only while turns generate."""
+    import time
+
+    handle, cfg = rollout
+    driver = RolloutDriver(handle, cfg)
+    busy0 = handle.info.remote().result()["engine_busy_s"]
+    with driver.paused(True, max_s=60):
+        response = handle.generate.remote([1, 2, 3], max_tokens=8)
+        time.sleep(1.5)
+        assert handle.info.remote().result()["turns_running"] == 0  # waiting at the pause, not generating
+        assert handle.info.remote().result()["engine_busy_s"] == pytest.approx(busy0)
+    assert len(response.result(timeout_s=60)["token_ids"]) == 8
+    assert handle.info.remote().result()["engine_busy_s"] > busy0
+    handle.pause_turns.remote(1.0).result()  # a driver that never resumes
+    t0 = time.perf_counter()
+    handle.generate.remote([1, 2, 3], max_tokens=4).result(timeout_s=60)
+    assert 0.5 < time.perf_counter() - t0 < 30
+    with driver.paused(False, max_s=60):  # off: nothing waits
+        t0 = time.perf_counter()
+        handle.generate.remote([1, 2, 3], max_tokens=4).result(timeout_s=60)
+        assert time.perf_counter() - t0 < 30

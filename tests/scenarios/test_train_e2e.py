@@ -296,6 +296,7 @@ def test_over_sampling_trains_the_first_groups_to_complete_within_the_bound(run,
     cfg, out, run_dir = run
     cfg10 = cfg.model_copy(deep=True)
     cfg10.train.steps, cfg10.train.max_staleness, cfg10.train.over_sampling = 10, 1, 1.5
+    cfg10.train.pause_rollout = True  # the rollout waits while the learner updates; groups in flight continue after
     assert cfg10.train.groups_in_flight == 6
     app, killed = f"{PREFIX}rollout", {}
 
