@@ -2,6 +2,7 @@
 
     driver = RolloutDriver(serve.get_deployment_handle("rollout", "rollout"), cfg)
     refs = driver.rollout(prompt_batch)      # list of ObjectRefs to TrajectoryBatch bytes
+    with driver.paused(True, max_s=600): ... # no replica starts a new turn inside (train.pause_rollout)
 
 The batch is cut into calls of ``rollout.groups_per_call`` prompt groups; Serve routes each call
 to a replica, so adding replicas needs no code change. A call whose replica dies (or fails in any
