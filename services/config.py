@@ -222,7 +222,8 @@ def updated_section(section: BaseModel, changes: dict, allowed: tuple[str, ...])
 # or "train for longer" a lightweight Serve update (running replicas stay) instead of a redeploy.
 _DRIVER_ONLY_FIELDS = {"rollout": {"replicas"}, "scorer": {"replicas", "call_retries"},
                        "search": {"replicas", "autoscaling", "min_replicas", "max_replicas", "target_ongoing_requests"},
-                       "train": {"steps", "eval_every", "max_staleness", "prompts_per_step"}, "eval": True}
+                       "train": {"steps", "eval_every", "max_staleness", "prompts_per_step", "over_sampling", "pause_rollout"},
+                       "eval": True}
 
 
 def replica_config(cfg: MempoConfig) -> dict:
