@@ -99,14 +99,14 @@ class RolloutsAhead:
             raise item
         return item
 
-    def close(self) -> None:
-        """Stop generating (a batch in flight finishes in the background; nothing waits for it)."""
+    def close(self) -> dict:
+        """Stop generating (a batch in flight finishes in the background; nothing waits for it). Returns
+        what over-sampling's pool dropped at the stop (``GroupPool.close``; {} without one)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         self._thread.join(timeout=0.1)
-        if self.pool is not None:
-            self.pool.close()
+        return self.pool.close() if self.pool is not None else {}
 
     def _run(self, step: int) -> None:
         try:

@@ -122,8 +122,12 @@ class GroupPool:
                    "oversample/wait_s": now - t0}
         return ([r for g in taken for r in g.traj_refs], [r for g in taken for r in g.score_refs], metrics)
 
-    def close(self) -> None:
-        """Stop launching; groups in flight finish in the background and are dropped (a stop drops the buffer)."""
+    def close(self) -> dict:
+        """Stop launching; groups in flight finish in the background and are dropped (a stop drops the
+        buffer). Returns what was dropped: {"oversample/dropped_at_stop_running", ".._buffered"}."""
+        out = {"oversample/dropped_at_stop_running": float(len(self.running)),
+               "oversample/dropped_at_stop_buffered": float(len(self.done))}
         self.running.clear()
         self.done.clear()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        return out

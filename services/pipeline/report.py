@@ -263,6 +263,21 @@ def noise_lines(metrics_path: Path) -> list[str]:
             f"against {groups:.1f} a step.", ""]
 
 
+def oversample_lines(metrics_path: Path) -> list[str]:
+    """What over-sampling (train.over_sampling) left out of training: groups too old for the lag bound, and
+    the buffer each stop dropped; nothing for a run without it."""
+    rows = [r for r in read_rows(metrics_path, "train") if "oversample/dropped_groups" in r]
+    if not rows:
+        return []
+    stops = read_rows(metrics_path, "stop")
+    at_stops = sum(r.get("oversample/dropped_at_stop_running", 0) + r.get("oversample/dropped_at_stop_buffered", 0)
+                   for r in stops)
+    lag = max(r.get("version_lag_token_max", 0) for r in rows)
+    return [f"Over-sampling: {sum(r['oversample/dropped_groups'] for r in rows):.0f} groups dropped as older than "
+            f"train.max_staleness over {len(rows)} steps, {at_stops:.0f} in flight or buffered dropped at "
+            f"{len(stops)} stop(s); tokens trained at most {lag:.0f} version(s) old.", ""]
+
+
 def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes: str = "", runs: dict | None = None,
                  controls: dict[str, dict[int, dict]] | None = None,
                  pairs: list[list[tuple[str, str]]] | None = None) -> dict[str, Path]:
@@ -287,7 +302,7 @@ def write_report(run_dir: str | Path, results: dict[str, dict[int, dict]], notes
     if curves is not None:
         paths["curves"] = curves
         text += ["![training curves](curves.png)", ""]
-    text += noise_lines(run_dir / "metrics.jsonl")
+    text += noise_lines(run_dir / "metrics.jsonl") + oversample_lines(run_dir / "metrics.jsonl")
     if runs:
         paths["samples"] = run_dir / "samples.md"
         paths["samples"].write_text(samples_markdown(runs))

@@ -137,7 +137,9 @@ def train(cfg: MempoConfig) -> dict:
             last, busy = time.perf_counter(), pipe.engine_busy()  # a step's wall time leaves the eval out
             ahead.learner_at(step)  # after the eval, so a synchronous run never samples during one
     finally:  # done, Ctrl-C or an error: close the log, checkpoint the current step
-        ahead.close()
+        dropped = ahead.close()  # over-sampling: the groups in flight and buffered, dropped (docs/architecture.md)
+        if dropped:
+            log.write("stop", step, dropped, console=False)
         bar.close()
         log.artifacts([log.path, run_dir / "pipeline.yaml"])
         log.close(ok=step >= cfg.train.steps)

@@ -120,3 +120,23 @@ def test_the_loop_runs_on_the_pool_with_its_metrics(monkeypatch):
         ahead.close()
     uids = [u for u, *_ in stages.asked]
     assert len(uids) == len(set(uids))
+
+
+def test_a_stop_drops_the_buffer_and_the_report_counts_it(tmp_path):
+    from services.pipeline.report import oversample_lines
+    from services.pipeline.runlog import RunLog
+
+    prompts = _prompts()
+    stages = Stages(delay=lambda uid: 0.3 if uid == prompts.prompt_at(3).uid else 0.01)
+    pool = GroupPool(_cfg(over=2.0), None, prompts, stages.generate)
+    traj, _, m = pool.take(0, version=0)
+    time.sleep(0.1)
+    dropped = pool.close()  # one group still running, one done and buffered (or both running)
+    assert dropped["oversample/dropped_at_stop_running"] + dropped["oversample/dropped_at_stop_buffered"] == 2
+    log = RunLog(tmp_path, tensorboard=False)
+    log.write("train", 1, {**m, "version_lag_token_max": 1.0}, console=False)
+    log.write("stop", 1, dropped, console=False)
+    [line, _] = oversample_lines(tmp_path / "metrics.jsonl")
+    assert line == ("Over-sampling: 0 groups dropped as older than train.max_staleness over 1 steps, 2 in flight or "
+                    "buffered dropped at 1 stop(s); tokens trained at most 1 version(s) old.")
+    assert oversample_lines(tmp_path / "nothing.jsonl") == []
