@@ -207,7 +207,6 @@ class LearnerWorker:
         """Cross-entropy on the generated (assistant) tokens; same machinery, same normalisation."""
         t0 = time.perf_counter()
         batch = decode(payload, TrainingBatch)
-        masked = mask_stale(batch) if lc.behaviour_is == "mask" else 0  # before the loss's denominators
         tokens, rows = global_counts(batch)
         loss_sum, n = 0.0, 0.0
         for mb in self._micro(batch):

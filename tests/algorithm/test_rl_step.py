@@ -85,3 +85,12 @@ def test_the_update_raises_the_tokens_with_positive_advantage(step, world):
         down.append(delta[mb.advantages[keep] < 0])
     up, down = torch.cat(up), torch.cat(down)
     assert up.mean() > down.mean(), (float(up.mean()), float(down.mean()))
+
+
+def test_an_sft_step_runs_on_the_same_learner(step, world):
+    """The cold start's update (cross-entropy on the assistant tokens) on the in-process learner."""
+    from services.learner.samples import Sample, pack
+
+    ids = step.tokenizer("<mem>\nQ1: who?\n</mem>\n<think>look it up</think>\n<search>who</search>")["input_ids"]
+    m = step.learner.sft_step(encode(pack([Sample(np.array(ids[:4]), np.array(ids[4:]))], step=0)))
+    assert np.isfinite(m["sft_loss"]) and m["sft_loss"] > 0 and m["tokens"] == len(ids) - 4
