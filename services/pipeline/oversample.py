@@ -58,6 +58,7 @@ class GroupPool:
         self.running: dict[Future, Launched] = {}
         self.done: list[Launched] = []  # completed, in completion order, not yet trained
         self.dropped = 0  # groups dropped as too old, over the run
+        self._closed = False
         # room for T live groups and for dropped ones still finishing in the background
         self._executor = ThreadPoolExecutor(max_workers=4 * self.target, thread_name_prefix="mempo-group")
 
@@ -106,9 +107,12 @@ class GroupPool:
             if not self.running:  # cannot happen while target >= per_step; a guard, not a wait without end
                 raise RuntimeError(f"step {step}: {len(self.done)} groups done, none running, {self.per_step} needed")
             finished, _ = wait(list(self.running), return_when=FIRST_COMPLETED)
-            for f in sorted(finished, key=lambda f: self.running[f].started):
-                self.done.append(self.running.pop(f))
+            landed = [g for g in (self.running.pop(f, None) for f in finished) if g is not None]  # None: closed
+            if self._closed:
+                raise RuntimeError("the group pool was closed while a step waited for its groups")
+            for f in finished:
                 f.result()  # a call that failed after its retries: the step fails here
+            self.done += sorted(landed, key=lambda g: g.started)
             dropped += self._drop_too_old(step)
         taken, self.done = self.done[:self.per_step], self.done[self.per_step:]
         now = time.perf_counter()
@@ -125,6 +129,7 @@ class GroupPool:
     def close(self) -> dict:
         """Stop launching; groups in flight finish in the background and are dropped (a stop drops the
         buffer). Returns what was dropped: {"oversample/dropped_at_stop_running", ".._buffered"}."""
+        self._closed = True
         out = {"oversample/dropped_at_stop_running": float(len(self.running)),
                "oversample/dropped_at_stop_buffered": float(len(self.done))}
         self.running.clear()

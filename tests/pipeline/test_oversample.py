@@ -140,3 +140,23 @@ def test_a_stop_drops_the_buffer_and_the_report_counts_it(tmp_path):
     assert line == ("Over-sampling: 0 groups dropped as older than train.max_staleness over 1 steps, 2 in flight or "
                     "buffered dropped at 1 stop(s); tokens trained at most 1 version(s) old.")
     assert oversample_lines(tmp_path / "nothing.jsonl") == []
+
+
+def test_closing_the_pool_while_a_step_waits_ends_that_wait():
+    prompts = _prompts()
+    stages = Stages(delay=lambda uid: 0.5)
+    pool = GroupPool(_cfg(over=1.5), None, prompts, stages.generate)
+    errors = []
+
+    def take():
+        try:
+            pool.take(0, version=0)
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=take)
+    t.start()
+    time.sleep(0.1)
+    pool.close()
+    t.join(timeout=5)
+    assert not t.is_alive() and errors == ["the group pool was closed while a step waited for its groups"]
