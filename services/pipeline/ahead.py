@@ -75,8 +75,11 @@ class RolloutsAhead:
         self.ready: queue.Queue = queue.Queue()  # Generated batches in step order, or the thread's error
         self._cond = threading.Condition()
         self._stop = False
-        # train.over_sampling > 1: groups kept in flight across steps, each step the first to complete
+        # train.over_sampling > 1: groups kept in flight across steps, each step the first to complete. The
+        # pool is the overlap then: a step's batch is taken once the learner is at its version, so the lag
+        # bound is left to the groups that run on across updates (taken ahead, every leftover would be too old)
         self.pool = GroupPool(cfg, pipe, prompts, generate) if cfg.train.over_sampling > 1 else None
+        self.ahead = 0 if self.pool is not None else self.max_staleness
         self._thread = threading.Thread(target=self._run, args=(first_step,), name="mempo-rollouts-ahead",
                                         daemon=True)
         self._thread.start()
@@ -113,7 +116,7 @@ class RolloutsAhead:
             while step < self.cfg.train.steps:
                 t0 = time.perf_counter()
                 with self._cond:  # the staleness bound: the learner must be at version step - s
-                    self._cond.wait_for(lambda: self._stop or self.version >= step - self.max_staleness)
+                    self._cond.wait_for(lambda: self._stop or self.version >= step - self.ahead)
                     if self._stop:
                         return
                     version = self.version

@@ -15,7 +15,9 @@ corrects or masks the older ones (``learner.behaviour_is``).
 The lag bound: a group launched while the learner was at version v asks its replicas for at least v
 (``min_version``), so none of its tokens is older than v. Step s trains from version s, so a group is
 kept for step s only when s - v <= ``train.max_staleness``; older ones (done, or still running) are
-dropped and counted. Prompts: step s draws the i-th group it launches from position s*T + i of the
+dropped and counted. The training loop takes step s's batch once the learner is at version s (the pool,
+not a thread running ahead, is the overlap), so a group left over from one step is one version old at
+the next. Prompts: step s draws the i-th group it launches from position s*T + i of the
 seeded prompt order. A step launches at most T groups, so no position is drawn twice, also across a
 stop and resume (which drops the buffer: its groups were sampled by a policy the resumed run no
 longer holds).
