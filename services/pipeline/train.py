@@ -134,7 +134,8 @@ def train(cfg: MempoConfig) -> dict:
             bar.update(1)
             if periodic and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
                 log.write("eval", step, flatten(evaluate(cfg, pipe, held_out, step=step)))
-            last, busy = time.perf_counter(), pipe.engine_busy()  # a step's wall time leaves the eval out
+                busy = pipe.engine_busy()  # the engines' clock, like the step's, leaves the eval out
+            last = time.perf_counter()  # a step's wall time leaves the eval out
             ahead.learner_at(step)  # after the eval, so a synchronous run never samples during one
     finally:  # done, Ctrl-C or an error: close the log, checkpoint the current step
         dropped = ahead.close()  # over-sampling: the groups in flight and buffered, dropped (docs/architecture.md)

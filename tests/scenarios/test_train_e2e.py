@@ -162,6 +162,23 @@ def _replica_actors(app: str) -> list[str]:
             if a["name"].startswith(f"SERVE_REPLICA::{app}#")]
 
 
+def _kill_a_rollout_replica_while_agents_search(app: str, serve_http: str, ready, killed: dict) -> None:
+    """Once ``ready()`` holds, wait for the next search an agent makes (rollout calls are in flight then: a
+    fixed delay was too early or too late on a loaded CI machine) and kill one rollout replica for good."""
+    def searches() -> int:
+        return httpx.get(f"{serve_http}/{PREFIX}search/health", timeout=10).json()["requests"]
+
+    deadline = time.time() + 300
+    while time.time() < deadline and not ready():
+        time.sleep(0.05)
+    before = searches()
+    while time.time() < deadline and searches() == before:
+        time.sleep(0.02)
+    victim = _replica_actors(app)[0]
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    killed["name"] = victim
+
+
 def test_resume_and_a_rollout_replica_killed_mid_step_still_trains_on_the_full_batch(run, serve_http):
     cfg, out, run_dir = run
     cfg3 = cfg.model_copy(deep=True)
@@ -169,25 +186,13 @@ def test_resume_and_a_rollout_replica_killed_mid_step_still_trains_on_the_full_b
     app = f"{PREFIX}rollout"
     killed = {}
 
-    def searches() -> int:
-        return httpx.get(f"{serve_http}/{PREFIX}search/health", timeout=10).json()["requests"]
+    def step_3_started() -> bool:
+        # step 3 starts after the redeploy (a no-op: only driver fields changed)
+        rows = read_rows(run_dir / "metrics.jsonl", "train")
+        return bool(rows) and rows[-1]["step"] == 2 and (run_dir / "pipeline.yaml").stat().st_mtime > started
 
     def kill_when_rollout_runs():
-        # step 3 starts after the redeploy (a no-op: only driver fields changed); its rollout calls are all
-        # in flight once its agents make their first search (a fixed delay was too early or too late on a
-        # loaded CI machine, and the kill missed the calls)
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            rows = read_rows(run_dir / "metrics.jsonl", "train")
-            if rows and rows[-1]["step"] == 2 and (run_dir / "pipeline.yaml").stat().st_mtime > started:
-                break
-            time.sleep(0.05)
-        before = searches()
-        while time.time() < deadline and searches() == before:
-            time.sleep(0.02)
-        victim = _replica_actors(app)[0]
-        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-        killed["name"] = victim
+        _kill_a_rollout_replica_while_agents_search(app, serve_http, step_3_started, killed)
 
     replicas_before = set(_replica_actors(app))
     started = time.time()
@@ -300,21 +305,10 @@ def test_over_sampling_trains_the_first_groups_to_complete_within_the_bound(run,
     assert cfg10.train.groups_in_flight == 6
     app, killed = f"{PREFIX}rollout", {}
 
-    def searches() -> int:
-        return httpx.get(f"{serve_http}/{PREFIX}search/health", timeout=10).json()["requests"]
-
     def kill_while_groups_run():
-        # once step 8 is logged the pool holds the groups of the next steps in flight (6 calls over 2
-        # replicas); an agent's search says they are running
-        deadline = time.time() + 300
-        while time.time() < deadline and not any(r["step"] == 8 for r in read_rows(run_dir / "metrics.jsonl", "train")):
-            time.sleep(0.05)
-        before = searches()
-        while time.time() < deadline and searches() == before:
-            time.sleep(0.02)
-        victim = _replica_actors(app)[0]
-        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-        killed["name"] = victim
+        # once step 8 is logged the pool holds the groups of the next steps in flight (6 calls over 2 replicas)
+        _kill_a_rollout_replica_while_agents_search(
+            app, serve_http, lambda: any(r["step"] == 8 for r in read_rows(run_dir / "metrics.jsonl", "train")), killed)
 
     killer = threading.Thread(target=kill_while_groups_run, daemon=True)
     killer.start()
