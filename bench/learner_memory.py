@@ -18,6 +18,8 @@ Variants:
   lora     chunked, LoRA adapters of rank 16 on every linear layer (learner.lora: the base frozen, no
            reference copy, AdamW over the adapters)
   lora_ac  lora + activation checkpointing
+  X@mmap1  variant X with glibc's mmap threshold fixed at 1 MiB (learner.cpu_mmap_threshold_mib=1): freed
+           tensors go back to the system at once, so the RSS high-water follows the live tensors
 
 The estimate column is ``services/learner/memory.py``'s (what the worker warns with at start).
 The SmolLM2 model is ``.cache/models/smollm2-135m-instruct-float32`` when that folder exists, else a
@@ -35,6 +37,8 @@ Tokens/s at 2,048, one thread, medians of 3 steps: before 64.5, chunked 73.1, ac
 (the tiny model: 6,394 / 10,636 / 8,792 / 10,451).
 LoRA (rank 16, all-linear) on SmolLM2 at 4,096, two threads, medians of 2 steps: peak 11.46 GB (lora) and
 5.37 GB (lora_ac) against 10.63 (chunked) and 5.56 (ac); step 18.83 / 23.21 s against 22.72 / 23.87 s.
+With glibc's mmap threshold fixed at 1 MiB (@mmap1): 6.57 / 2.25 GB against 8.64 / 3.79, steps 1.4-1.8x slower
+(bench/README.md).
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ SAMPLE, RESPONSE = 512, 128
 VARIANTS = {"before": {}, "chunked": {}, "ac": {"learner.activation_checkpointing": True},
             "bf16": {"learner.activation_checkpointing": True, "model.dtype": "bfloat16"},
             "lora": {"learner.lora.rank": 16}, "lora_ac": {"learner.lora.rank": 16, "learner.activation_checkpointing": True}}
+# each variant also as "<variant>@mmap1": glibc's mmap threshold fixed at 1 MiB (learner.cpu_mmap_threshold_mib)
+VARIANTS.update({f"{k}@mmap1": {**v, "learner.cpu_mmap_threshold_mib": 1} for k, v in list(VARIANTS.items()) if k != "before"})
 
 
 def smollm2_dir(tmp: Path) -> Path:
@@ -112,14 +118,15 @@ def child(args) -> dict:
     from services.common.codec import encode
     from services.config import load_config
     from services.common.model_io import model_dtype
-    from services.learner.memory import estimate_peak
+    from services.learner.memory import estimate_peak, heap_kept
     from services.learner.worker import LearnerWorker
 
     overrides = {"learner.micro_token_budget": args.budget, "learner.threads": args.threads,
                  "learner.world_size": 1, **VARIANTS[args.variant]}
     cfg = load_config(args.config, [f"{k}={v}" for k, v in overrides.items()])
     hf = AutoConfig.from_pretrained(args.model)
-    est = estimate_peak(hf, cfg.learner, 1, model_dtype(cfg.model.dtype), cfg.learner.kl_coef > 0)
+    est = estimate_peak(hf, cfg.learner, 1, model_dtype(cfg.model.dtype), cfg.learner.kl_coef > 0,
+                        heap_kept=heap_kept(cfg.learner, "cpu"))
     cls = baseline_worker(args.baseline) if args.variant == "before" else LearnerWorker
     w = cls(0, 1, cfg.model_dump(mode="json"), args.model)
     w.join(*w.store_address())

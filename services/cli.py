@@ -311,9 +311,12 @@ def _plan(argv: list[str]) -> int:
     p.add_argument("--check", action="store_true",
                    help="with --serve-config/--kuberay: do not write; fail if the file differs from what this "
                         "config generates (and, for the manifest, if its pods cannot hold the plan)")
+    p.add_argument("--gpu-memory", type=float, default=80.0, metavar="GIB",
+                   help="memory of one learner GPU, for the fewest learner ranks that fit (default 80)")
     a = p.parse_intermixed_args(argv)
     path, overrides = _split(a.args)
-    return plan_cli.run(load_config(path, overrides), path, overrides, a.node, a.serve_config, a.kuberay, a.check)
+    return plan_cli.run(load_config(path, overrides), path, overrides, a.node, a.serve_config, a.kuberay, a.check,
+                        a.gpu_memory)
 
 
 def _view(argv: list[str]) -> int:

@@ -12,11 +12,9 @@ measured RSS high-water); it counts:
   states       fp32 master weights, gradients and AdamW's two moments of the policy (16 bytes a
                parameter, sharded over the W ranks), the frozen reference in ``model.dtype``, and the
                all-gathered (unsharded) copies FSDP2 keeps: the root unit (embeddings, head) and a
-               decoder layer or two, per model. LoRA (``learner.lora``) is counted as full fine-tuning
-               with a reference: its states should be 4 bytes a base parameter and 16 an adapter
-               parameter, no reference copy, but the measured peaks of SmolLM2-135M at 4,096 tokens
-               (bench/learner_memory.py: lora 11.5 GB against full 10.6 GB, lora_ac 5.4 against ac 5.6)
-               show no such saving, and an estimate under the peak would not warn before an OOM kill
+               decoder layer or two, per model. With LoRA (``learner.lora``): the frozen base in fp32
+               (4 bytes a parameter: it is loaded as the trainable policy is), the adapters' 16 bytes a
+               parameter, and no reference copy (the KL term's reference is the base, adapters off)
   activations  what the backward keeps per token: every decoder layer's intermediates (about
                ``ACT_H`` x hidden + ``ACT_I`` x MLP width values a token a layer), or with activation
                checkpointing each layer's input plus the layer being recomputed and its backward's
@@ -24,6 +22,14 @@ measured RSS high-water); it counts:
   head         the chunked log-probs: ``logit_chunk_tokens`` x vocabulary fp32 logits, a few copies
   slack        what the allocator keeps beyond the live tensors (freed activations, fragments): 10%
   runtime      torch, transformers and the process itself
+
+On CPU the resident memory is not the live tensors': under glibc's default mmap threshold (which
+rises to 32 MiB after the first large frees) freed activations stay in the heap. SmolLM2-135M at 4,096
+tokens (bench/learner_memory.py): RSS high-water full 10.5 GB, LoRA 11.3 GB under glibc's default, though
+LoRA's live states are 0.55 GB against 2.5; with the threshold fixed at 1 MiB
+(``learner.cpu_mmap_threshold_mib``) 8.6 and 6.6 GB, every step slower by page faults (1.5-1.8x). So a CPU
+rank under the default (``heap_kept``) counts LoRA as full fine-tuning with a reference; on GPU (the
+caching allocator reuses its blocks) or with the threshold fixed, LoRA counts its own states.
 
 A micro-batch is at most ``micro_token_budget`` padded tokens, except a single sample longer than the
 budget, which runs alone: the estimate is for a full micro-batch.
@@ -39,9 +45,11 @@ SLACK = 0.1  # what the allocator holds beyond the live tensors (freed activatio
 HEAD_COPIES = 4  # chunk x vocab fp32 tensors alive at once in a chunk's backward (logits, log-softmax, grads)
 RUNTIME = 0.6 * 2**30  # bytes: the interpreter, torch, transformers, gloo (measured: the tiny model's rank)
 GIB = 2**30
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 
-def _shape(hf) -> dict:
+def model_shape(hf) -> dict:
+    """Sizes of a decoder-only model from its Hugging Face config: parameters, a layer's, its linear layers."""
     h, layers, vocab = hf.hidden_size, hf.num_hidden_layers, hf.vocab_size
     inter = getattr(hf, "intermediate_size", 4 * h)
     heads = hf.num_attention_heads
@@ -50,23 +58,37 @@ def _shape(hf) -> dict:
     layer = h * head_dim * (heads + 2 * kv) + heads * head_dim * h + 3 * h * inter + 2 * h
     tied = bool(getattr(hf, "tie_word_embeddings", False))
     root = vocab * h * (1 if tied else 2) + h
+    # (inputs, outputs) of each linear layer of a decoder layer, by peft's module names (Llama, Qwen2, Mistral)
+    linears = {"q_proj": (h, heads * head_dim), "k_proj": (h, kv * head_dim), "v_proj": (h, kv * head_dim),
+               "o_proj": (heads * head_dim, h), "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
     return {"h": h, "layers": layers, "vocab": vocab, "inter": inter, "layer": layer, "root": root,
-            "params": root + layers * layer}
+            "params": root + layers * layer, "linears": linears}
+
+
+def adapter_params(s: dict, lora) -> int:
+    """Parameters of rank-r LoRA adapters (A: r x in, B: out x r) on the targeted linear layers of every
+    decoder layer; a name outside the Llama family's counts as an MLP projection (hidden + MLP width)."""
+    names = s["linears"] if lora.target_modules == "all-linear" else lora.target_modules
+    return s["layers"] * lora.rank * sum(sum(s["linears"].get(n, (s["h"], s["inter"]))) for n in names)
 
 
 def estimate_peak(hf, lc, world: int, dtype: torch.dtype, with_ref: bool, budget: int | None = None,
-                  activation_checkpointing: bool | None = None) -> dict:
+                  activation_checkpointing: bool | None = None, heap_kept: bool = False) -> dict:
     """Estimated peak bytes of one learner rank (module docstring), by part, and their ``total``.
-    ``budget`` and ``activation_checkpointing`` default to ``lc``'s."""
-    s = _shape(hf)
+    ``budget`` and ``activation_checkpointing`` default to ``lc``'s. ``heap_kept``: a CPU rank under glibc's
+    default mmap threshold (:func:`heap_kept`), whose resident memory holds freed activations."""
+    s = model_shape(hf)
     budget = lc.micro_token_budget if budget is None else budget
     ac = lc.activation_checkpointing if activation_checkpointing is None else activation_checkpointing
     cbytes = torch.finfo(dtype).bits // 8  # compute (and reference) bytes per value
     gathered = s["root"] + 2 * s["layer"]  # unsharded copies alive at once, per model
-    # LoRA is counted as full fine-tuning, reference included: an upper bound (module docstring)
-    states = s["params"] * 16 / world + gathered * cbytes * (2 if cbytes < 4 else 1)
-    if with_ref or lc.lora.rank > 0:
-        states += s["params"] * cbytes / world + gathered * cbytes
+    states = gathered * cbytes * (2 if cbytes < 4 else 1)
+    if lc.lora.rank > 0 and not heap_kept:  # the base frozen in fp32, AdamW over the adapters, no reference copy
+        states += (s["params"] * 4 + adapter_params(s, lc.lora) * 16) / world
+    else:
+        states += s["params"] * 16 / world
+        if with_ref or lc.lora.rank > 0:  # LoRA with the heap kept: as full fine-tuning (module docstring)
+            states += s["params"] * cbytes / world + gathered * cbytes
     per_layer = (ACT_H * s["h"] + ACT_I * s["inter"]) * cbytes  # bytes a token a layer
     act = budget * (s["layers"] * s["h"] * cbytes + AC_LAYERS * per_layer if ac else s["layers"] * per_layer)
     act += budget * s["h"] * 4 * 3  # final hidden states, the gathered loss rows, their gradient
@@ -76,33 +98,41 @@ def estimate_peak(hf, lc, world: int, dtype: torch.dtype, with_ref: bool, budget
     return {**parts, "total": sum(parts.values()), "params": s["params"]}
 
 
+def heap_kept(lc, device: str) -> bool:
+    """Whether a rank's resident memory holds freed activations: on CPU under glibc's default mmap
+    threshold (``learner.cpu_mmap_threshold_mib`` 0)."""
+    return device == "cpu" and lc.cpu_mmap_threshold_mib == 0
+
+
 def fitting_budget(hf, lc, world: int, dtype: torch.dtype, with_ref: bool, available: float,
-                   activation_checkpointing: bool) -> int | None:
+                   activation_checkpointing: bool, kept: bool = False) -> int | None:
     """The largest power-of-two budget (>= 64) whose estimate fits in ``available`` bytes, or None."""
     best, b = None, 64
     while b <= max(lc.micro_token_budget, 64):
-        if estimate_peak(hf, lc, world, dtype, with_ref, b, activation_checkpointing)["total"] <= available:
+        if estimate_peak(hf, lc, world, dtype, with_ref, b, activation_checkpointing, kept)["total"] <= available:
             best = b
         b *= 2
     return best
 
 
-def budget_advice(hf, lc, world: int, dtype: torch.dtype, with_ref: bool, available: float) -> str | None:
+def budget_advice(hf, lc, world: int, dtype: torch.dtype, with_ref: bool, available: float,
+                  kept: bool = False) -> str | None:
     """None when the estimated peak fits in ``available`` bytes; else a sentence naming the settings
-    and values that fit (a smaller ``learner.micro_token_budget``, activation checkpointing)."""
-    est = estimate_peak(hf, lc, world, dtype, with_ref)
+    and values that fit (a smaller ``learner.micro_token_budget``, activation checkpointing).
+    ``kept``: :func:`heap_kept` of the rank."""
+    est = estimate_peak(hf, lc, world, dtype, with_ref, heap_kept=kept)
     if est["total"] <= available:
         return None
     ways = []
-    b = fitting_budget(hf, lc, world, dtype, with_ref, available, lc.activation_checkpointing)
+    b = fitting_budget(hf, lc, world, dtype, with_ref, available, lc.activation_checkpointing, kept)
     if b is not None:
         ways.append(f"learner.micro_token_budget={b}")
     if not lc.activation_checkpointing:
-        ac = estimate_peak(hf, lc, world, dtype, with_ref, activation_checkpointing=True)["total"]
+        ac = estimate_peak(hf, lc, world, dtype, with_ref, activation_checkpointing=True, heap_kept=kept)["total"]
         if ac <= available:
             ways.append(f"learner.activation_checkpointing=true (about {ac / GIB:.1f} GiB)")
         else:
-            b = fitting_budget(hf, lc, world, dtype, with_ref, available, True)
+            b = fitting_budget(hf, lc, world, dtype, with_ref, available, True, kept)
             if b is not None:
                 ways.append(f"learner.activation_checkpointing=true with learner.micro_token_budget={b}")
     if world == 1:
@@ -111,6 +141,21 @@ def budget_advice(hf, lc, world: int, dtype: torch.dtype, with_ref: bool, availa
     return (f"learner.micro_token_budget={lc.micro_token_budget} needs about {est['total'] / GIB:.1f} GiB per learner "
             f"rank ({parts} GiB; {est['params'] / 1e6:.0f}M parameters), {available / GIB:.1f} GiB available: "
             f"set {' or '.join(ways) if ways else 'a smaller model'}")
+
+
+def fix_mmap_threshold(mib: int) -> bool:
+    """Fix glibc's mmap threshold of this process at ``mib`` MiB (``mallopt(M_MMAP_THRESHOLD)``), which
+    also stops glibc raising it: every freed allocation above it is unmapped at once, so the process's
+    resident memory follows its live tensors. False where there is no glibc (or ``mib`` is 0)."""
+    import ctypes  # glibc's mallopt, on CPU ranks only
+
+    if mib <= 0:
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, mib * 2**20))
 
 
 def available_bytes(device: str) -> float:

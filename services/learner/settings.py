@@ -261,6 +261,16 @@ class LearnerConfig(Section):
             "the learner may use cores the idle rollout reserved."
         ),
     )
+    cpu_mmap_threshold_mib: int = Field(
+        0, ge=0,
+        description=(
+            "CPU only: fix glibc's mmap threshold of each learner rank at this many MiB, so every freed tensor above "
+            "it goes back to the system at once: a lower resident peak (most with LoRA, whose smaller states glibc's "
+            "kept heap otherwise fills) for slower steps (each large tensor is fresh pages). 0 = glibc's default, a "
+            "threshold that rises to 32 MiB, after which freed activations stay in the heap (bench/learner_memory.py "
+            "measures both)."
+        ),
+    )
     publish_to: list[str] = Field(
         ["rollout:rollout", "scorer:scorer"],
         description="Deployments that receive each new policy, as 'app:deployment'.",

@@ -32,7 +32,7 @@ from services.common.model_io import model_dtype
 from services.learner.checkpoint import load_sharded, save_sharded
 from services.learner.rendezvous import LOOPBACK, group_store, listen
 from services.learner.logprobs import token_logprobs
-from services.learner.memory import available_bytes, budget_advice, estimate_peak
+from services.learner.memory import available_bytes, budget_advice, estimate_peak, fix_mmap_threshold, heap_kept
 from services.algorithm.loss import aggregate, behaviour_weights, kl_penalty, policy_loss
 from services.learner.noise_scale import GroupGradients
 from services.learner.samples import MicroBatch, global_counts, mask_stale, micro_batches
@@ -77,6 +77,7 @@ class LearnerWorker:
         torch.manual_seed(self.cfg.train.seed)
         if not cuda:  # Ray pins OMP threads to the actor's CPUs (1 when it asks for less than one)
             torch.set_num_threads(lc.threads or max(1, int(lc.num_cpus_per_worker)))
+            fix_mmap_threshold(lc.cpu_mmap_threshold_mib)  # 0: glibc's default, freed activations kept
 
         device = "cuda" if cuda else "cpu"
         self._check_memory(dtype, device)
@@ -99,13 +100,13 @@ class LearnerWorker:
 
         lc = self.cfg.learner
         hf = AutoConfig.from_pretrained(self.model_dir)
-        with_ref = lc.kl_coef > 0
-        est = estimate_peak(hf, lc, self.world, dtype, with_ref)["total"]
+        with_ref, kept = lc.kl_coef > 0, heap_kept(lc, device)
+        est = estimate_peak(hf, lc, self.world, dtype, with_ref, heap_kept=kept)["total"]
         avail = available_bytes(device) / (self.world if device == "cpu" and not self.cfg.ray.address else 1)
         if self.rank == 0:
             log.info("learner rank 0: estimated peak %.1f GiB at learner.micro_token_budget=%d "
                      "(services/learner/memory.py)", est / 2**30, lc.micro_token_budget)
-        advice = budget_advice(hf, lc, self.world, dtype, with_ref, avail)
+        advice = budget_advice(hf, lc, self.world, dtype, with_ref, avail, kept)
         if advice:
             log.warning("learner rank %d: %s", self.rank, advice)
 

@@ -152,6 +152,50 @@ def describe(units: list[Actors]) -> str:
     return "\n".join(lines)
 
 
+def fewest_ranks(hf, lc, dtype, with_ref: bool, card_bytes: float, most: int = 64) -> int | None:
+    """The fewest learner ranks (FSDP shards) whose estimated peak (services/learner/memory.py) fits
+    ``card_bytes`` each; None if even ``most`` do not."""
+    from services.learner.memory import estimate_peak  # torch on use: the plan's arithmetic needs none otherwise
+
+    return next((w for w in range(1, most + 1) if estimate_peak(hf, lc, w, dtype, with_ref)["total"] <= card_bytes),
+                None)
+
+
+def learner_memory(cfg: MempoConfig, card_gib: float, hf=None) -> list[str]:
+    """What one learner rank needs at peak by services/learner/memory.py's estimate, from the model's
+    config.json under ``model.path`` (none read, no lines, when this machine does not have it), and, when
+    the ranks run on GPUs, the fewest ranks whose estimate fits a ``card_gib`` GiB card, with LoRA
+    (``learner.lora``; rank 16 when the config trains every parameter) and without."""
+    from services.common.model_io import model_dtype
+    from services.learner.memory import GIB, estimate_peak, heap_kept
+
+    if hf is None:
+        if not (Path(cfg.model.path) / "config.json").is_file():
+            return []
+        from transformers import AutoConfig  # transformers on use
+
+        hf = AutoConfig.from_pretrained(cfg.model.path)
+    lc, dtype, with_ref = cfg.learner, model_dtype(cfg.model.dtype), cfg.learner.kl_coef > 0
+    gpus = learner_worker_gpus(cfg)
+    est = estimate_peak(hf, lc, lc.world_size, dtype, with_ref, heap_kept=heap_kept(lc, "cuda" if gpus else "cpu"))
+    parts = ", ".join(f"{k} {est[k] / GIB:.1f}" for k in ("states", "activations", "head", "slack", "runtime"))
+    what = f"LoRA rank {lc.lora.rank}" if lc.lora.rank else "every parameter"
+    lines = [f"learner: estimated peak {est['total'] / GIB:.1f} GiB per rank at learner.world_size={lc.world_size} "
+             f"({what}, {str(dtype).removeprefix('torch.')}; {parts} GiB; {est['params'] / 1e9:.2f}B parameters)"]
+    if gpus:
+        other = lc.model_copy(update={"lora": lc.lora.model_copy(update={"rank": 0 if lc.lora.rank else 16})})
+        full, lora = (other, lc) if lc.lora.rank else (lc, other)
+        fits = {name: fewest_ranks(hf, c, dtype, with_ref, card_gib * GIB) for name, c in
+                (("every parameter", full), (f"LoRA rank {lora.lora.rank}", lora))}
+        said = "; ".join(f"{name} {w if w else 'more than 64'}" for name, w in fits.items())
+        lines.append(f"learner: fewest ranks (GPUs) whose estimate fits a {card_gib:g} GiB card: {said}")
+        need = fits["every parameter" if not lc.lora.rank else f"LoRA rank {lc.lora.rank}"]
+        if need is None or need > lc.world_size:
+            lines.append(f"warning: learner.world_size={lc.world_size} is below that ({need or 'more than 64'}) for "
+                         f"{card_gib:g} GiB cards: the ranks would warn at start and may run out of memory")
+    return lines
+
+
 def parse_nodes(specs: list[str]) -> list[dict[str, float]]:
     """``["2*CPU=64,GPU=8", "CPU=8,head_node=1"]`` -> three nodes' total resources."""
     nodes = []

@@ -19,9 +19,11 @@ from services.pipeline import plan
 
 
 def run(cfg: MempoConfig, path: str, overrides: list[str], node: list[str], serve_config: str | None,
-        kuberay: str | None, check: bool) -> int:
+        kuberay: str | None, check: bool, card_gib: float = 80.0) -> int:
     """Print the plan of ``cfg`` (loaded from ``path`` with ``overrides``), check it against ``node``
-    specs or ray.address, and write (or, with ``check``, compare) the Serve config and KubeRay manifest;
+    specs or ray.address, and write (or, with ``check``, compare) the Serve config and KubeRay manifest
+    (the learner's memory per rank, and on GPUs the fewest ranks that fit a ``card_gib`` GiB card, when
+    model.path's config.json is on this machine);
     0 when everything fits and matches, 1 otherwise, 2 for overrides with generated files."""
     if overrides and (serve_config or kuberay):
         print("error: generated files take the recipe as it is; put overrides in the config file", file=sys.stderr)
@@ -31,6 +33,8 @@ def run(cfg: MempoConfig, path: str, overrides: list[str], node: list[str], serv
     print(plan.describe(units))
     for w in plan.http_warnings(cfg, generated=bool(serve_config or kuberay)):
         print(f"warning: {w}")
+    for line in plan.learner_memory(cfg, card_gib):
+        print(line)
     ok = True
     nodes, where = None, ""
     if node:

@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig
 
 from services.config import LearnerConfig
-from services.learner.memory import GIB, budget_advice, estimate_peak
+from services.learner.memory import GIB, adapter_params, budget_advice, estimate_peak, heap_kept, model_shape
 
 SMOLLM2 = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                       num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
@@ -57,8 +57,45 @@ def test_a_rank_warns_at_start_when_its_budget_will_not_fit(setup, world, monkey
     assert warned and "learner.micro_token_budget=2048 needs about" in warned[0] and "0.2 GiB available" in warned[0]
 
 
-def test_lora_is_estimated_as_full_fine_tuning_with_its_reference():
-    # an upper bound: memory.py's docstring gives the measured peaks that show no saving yet
-    full, lora = LearnerConfig(kl_coef=0.0), LearnerConfig(kl_coef=0.0, lora={"rank": 16})
-    assert estimate_peak(SMOLLM2, lora, 1, torch.float32, False)["total"] == \
-        estimate_peak(SMOLLM2, full, 1, torch.float32, True)["total"]
+def test_lora_counts_the_frozen_base_the_adapters_and_no_reference():
+    full, lora = LearnerConfig(kl_coef=0.001), LearnerConfig(kl_coef=0.001, lora={"rank": 16})
+    est_full = estimate_peak(SMOLLM2, full, 1, torch.float32, True)
+    est_lora = estimate_peak(SMOLLM2, lora, 1, torch.float32, True)
+    assert est_lora["activations"] == est_full["activations"]
+    adapters = adapter_params(model_shape(SMOLLM2), lora.lora)
+    assert adapters == 4_884_480  # peft's rank-16 adapters on every linear layer of SmolLM2-135M, counted
+    gathered = est_full["states"] - est_full["params"] * (16 + 4)  # the unsharded copies, as for the full model
+    assert est_lora["states"] == pytest.approx(est_full["params"] * 4 + adapters * 16 + gathered / 2)
+    assert est_lora["states"] < est_full["states"] / 3
+    q_v = LearnerConfig(lora={"rank": 16, "target_modules": ["q_proj", "v_proj"]}).lora
+    assert adapter_params(model_shape(SMOLLM2), q_v) == 30 * 16 * ((576 + 576) + (576 + 192))
+
+
+def test_a_cpu_rank_under_glibcs_default_heap_counts_lora_as_full_fine_tuning():
+    # under glibc's default mmap threshold a CPU rank's resident memory keeps freed activations: the measured
+    # LoRA high-water is no lower than full fine-tuning's (memory.py's docstring), so the estimate says so
+    full, lora = LearnerConfig(kl_coef=0.001), LearnerConfig(kl_coef=0.001, lora={"rank": 16})
+    kept = estimate_peak(SMOLLM2, lora, 1, torch.float32, True, heap_kept=True)
+    assert kept["total"] == estimate_peak(SMOLLM2, full, 1, torch.float32, True)["total"]
+    assert heap_kept(lora, "cpu") and not heap_kept(lora, "cuda")
+    assert not heap_kept(LearnerConfig(cpu_mmap_threshold_mib=1), "cpu")
+    assert budget_advice(SMOLLM2, lora, 1, torch.float32, True, 16.5 * GIB) is None  # its own states fit
+    assert budget_advice(SMOLLM2, lora, 1, torch.float32, True, 16.5 * GIB, kept=True) is not None
+
+
+def test_fixing_the_mmap_threshold_returns_big_frees_to_the_system():
+    import subprocess
+    import sys
+
+    # in a child: the threshold is the process's for good. A freed 64 MiB tensor leaves the resident set
+    code = """
+import resource, torch
+from services.learner.memory import fix_mmap_threshold
+assert fix_mmap_threshold(1) and not fix_mmap_threshold(0)
+def rss(): return int(open('/proc/self/statm').read().split()[1]) * resource.getpagesize()
+before = rss(); chunks = [torch.ones(2**20) for _ in range(16)]; held = rss(); del chunks
+print(held - before, rss() - before)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    held, after = map(int, out)
+    assert held > 60 * 2**20 and after < 8 * 2**20

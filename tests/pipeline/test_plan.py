@@ -141,3 +141,34 @@ def test_drift_is_detected_and_rewriting_fixes_it(tmp_path, capsys):
     assert "is not a RayService manifest" in capsys.readouterr().err
     # generated files take the recipe as it is
     assert main(["plan", TINY, "rollout.replicas=2", "--serve-config", str(serve_file)]) == 2
+
+
+def _qwen7b_config(folder):
+    """Qwen2.5-7B's shape as a config.json (no weights): what `mempo plan` reads of model.path."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False).save_pretrained(folder)
+    return str(folder)
+
+
+def test_plan_says_how_many_learner_gpus_each_recipe_needs_with_and_without_lora(tmp_path, capsys):
+    model = _qwen7b_config(tmp_path)
+    lora = "deploy/configs/gpu-qwen2.5-7b-lora.yaml"
+    assert main(["plan", lora, f"model.path={model}", "ray.address="]) == 0
+    out = capsys.readouterr().out
+    assert "learner: estimated peak" in out and "(LoRA rank 64, bfloat16;" in out and "7.62B parameters" in out
+    assert "fits a 80 GiB card: every parameter 4; LoRA rank 64 1" in out
+    assert "warning: learner.world_size" not in out
+    assert "cluster needs at start: CPU 32, GPU 6" in out  # the full recipe's 7 less one learner rank
+    assert main(["plan", "deploy/configs/gpu-qwen2.5-7b.yaml", f"model.path={model}", "ray.address="]) == 0
+    out = capsys.readouterr().out  # every parameter at W=2: too much for 80 GiB cards, enough for 141 GiB ones
+    assert "every parameter, bfloat16" in out and "warning: learner.world_size=2 is below that (4)" in out
+    assert main(["plan", "deploy/configs/gpu-qwen2.5-7b.yaml", f"model.path={model}", "ray.address=",
+                 "--gpu-memory", "141"]) == 0
+    out = capsys.readouterr().out
+    assert "fits a 141 GiB card: every parameter 2; LoRA rank 16 1" in out and "warning: learner" not in out
+
+
+def test_plan_prints_no_learner_memory_without_the_models_config():
+    assert plan.learner_memory(load_config(GPU), 80.0) == []  # /shared/models/... is not on this machine
