@@ -24,12 +24,11 @@ measured RSS high-water); it counts:
   runtime      torch, transformers and the process itself
 
 On CPU the resident memory is not the live tensors': under glibc's default mmap threshold (which
-rises to 32 MiB after the first large frees) freed activations stay in the heap. SmolLM2-135M at 4,096
-tokens (bench/learner_memory.py): RSS high-water full 10.5 GB, LoRA 11.3 GB under glibc's default, though
-LoRA's live states are 0.55 GB against 2.5; with the threshold fixed at 1 MiB
-(``learner.cpu_mmap_threshold_mib``) 8.6 and 6.6 GB, every step slower by page faults (1.5-1.8x). So a CPU
-rank under the default (``heap_kept``) counts LoRA as full fine-tuning with a reference; on GPU (the
-caching allocator reuses its blocks) or with the threshold fixed, LoRA counts its own states.
+rises to 32 MiB after the first large frees) freed activations stay in the heap, and LoRA's smaller
+states do not lower the high-water; with the threshold fixed (``learner.cpu_mmap_threshold_mib``) they
+do, and every step is slower by the page faults of fresh pages (bench/README.md has both). So a CPU rank
+under the default (``heap_kept``) counts LoRA as full fine-tuning with a reference; on GPU (the caching
+allocator reuses its blocks) or with the threshold fixed, LoRA counts its own states.
 
 A micro-batch is at most ``micro_token_budget`` padded tokens, except a single sample longer than the
 budget, which runs alone: the estimate is for a full micro-batch.

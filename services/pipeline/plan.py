@@ -166,8 +166,8 @@ def learner_memory(cfg: MempoConfig, card_gib: float, hf=None) -> list[str]:
     config.json under ``model.path`` (none read, no lines, when this machine does not have it), and, when
     the ranks run on GPUs, the fewest ranks whose estimate fits a ``card_gib`` GiB card, with LoRA
     (``learner.lora``; rank 16 when the config trains every parameter) and without."""
-    from services.common.model_io import model_dtype
-    from services.learner.memory import GIB, estimate_peak, heap_kept
+    from services.common.model_io import model_dtype  # torch on use (as fewest_ranks)
+    from services.learner.memory import GIB, estimate_peak, heap_kept  # torch on use (as fewest_ranks)
 
     if hf is None:
         if not (Path(cfg.model.path) / "config.json").is_file():
