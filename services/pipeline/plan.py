@@ -161,7 +161,7 @@ def fewest_ranks(hf, lc, dtype, with_ref: bool, card_bytes: float, most: int = 6
                 None)
 
 
-def learner_memory(cfg: MempoConfig, card_gib: float, hf=None) -> list[str]:
+def learner_memory(cfg: MempoConfig, card_gib: float) -> list[str]:
     """What one learner rank needs at peak by services/learner/memory.py's estimate, from the model's
     config.json under ``model.path`` (none read, no lines, when this machine does not have it), and, when
     the ranks run on GPUs, the fewest ranks whose estimate fits a ``card_gib`` GiB card, with LoRA
@@ -169,12 +169,11 @@ def learner_memory(cfg: MempoConfig, card_gib: float, hf=None) -> list[str]:
     from services.common.model_io import model_dtype  # torch on use (as fewest_ranks)
     from services.learner.memory import GIB, estimate_peak, heap_kept  # torch on use (as fewest_ranks)
 
-    if hf is None:
-        if not (Path(cfg.model.path) / "config.json").is_file():
-            return []
-        from transformers import AutoConfig  # transformers on use
+    if not (Path(cfg.model.path) / "config.json").is_file():
+        return []
+    from transformers import AutoConfig  # transformers on use
 
-        hf = AutoConfig.from_pretrained(cfg.model.path)
+    hf = AutoConfig.from_pretrained(cfg.model.path)
     lc, dtype, with_ref = cfg.learner, model_dtype(cfg.model.dtype), cfg.learner.kl_coef > 0
     gpus = learner_worker_gpus(cfg)
     est = estimate_peak(hf, lc, lc.world_size, dtype, with_ref, heap_kept=heap_kept(lc, "cuda" if gpus else "cpu"))
@@ -183,13 +182,13 @@ def learner_memory(cfg: MempoConfig, card_gib: float, hf=None) -> list[str]:
     lines = [f"learner: estimated peak {est['total'] / GIB:.1f} GiB per rank at learner.world_size={lc.world_size} "
              f"({what}, {str(dtype).removeprefix('torch.')}; {parts} GiB; {est['params'] / 1e9:.2f}B parameters)"]
     if gpus:
+        # this config's mode, and the other one (LoRA off, or LoRA of rank 16 on)
         other = lc.model_copy(update={"lora": lc.lora.model_copy(update={"rank": 0 if lc.lora.rank else 16})})
-        full, lora = (other, lc) if lc.lora.rank else (lc, other)
-        fits = {name: fewest_ranks(hf, c, dtype, with_ref, card_gib * GIB) for name, c in
-                (("every parameter", full), (f"LoRA rank {lora.lora.rank}", lora))}
-        said = "; ".join(f"{name} {w if w else 'more than 64'}" for name, w in fits.items())
+        need, other_need = (fewest_ranks(hf, c, dtype, with_ref, card_gib * GIB) for c in (lc, other))
+        full, lora = ((other_need, other), (need, lc)) if lc.lora.rank else ((need, lc), (other_need, other))
+        said = "; ".join(f"{name} {w or 'more than 64'}" for name, w in
+                         (("every parameter", full[0]), (f"LoRA rank {lora[1].lora.rank}", lora[0])))
         lines.append(f"learner: fewest ranks (GPUs) whose estimate fits a {card_gib:g} GiB card: {said}")
-        need = fits["every parameter" if not lc.lora.rank else f"LoRA rank {lc.lora.rank}"]
         if need is None or need > lc.world_size:
             lines.append(f"warning: learner.world_size={lc.world_size} is below that ({need or 'more than 64'}) for "
                          f"{card_gib:g} GiB cards: the ranks would warn at start and may run out of memory")
