@@ -51,19 +51,18 @@ def generate(cfg: MempoConfig, pipe, batch: PromptBatch) -> tuple[list, list, fl
     that call's result lands. Replicas holding a policy older than ``batch.min_version`` (a
     replacement not yet synced) refuse, and the driver re-syncs them and retries. Returns
     (trajectory refs, score refs, rollout seconds, scoring tail)."""
-    use_scores = cfg.algorithm.use_memory_reward and pipe.scorer is not None
-    early: dict = {}
-
-    def score_now(i: int, ref) -> None:
-        started = pipe.scorer.start(ref, batch.min_version)
-        if started is not None:  # not taken: score() below sends it again
-            early[i] = started
-
     t0 = time.perf_counter()
-    on_result = score_now if use_scores else None
-    traj_refs = pipe.rollout.rollout(batch, on_result=on_result)
+    if not (cfg.algorithm.use_memory_reward and pipe.scorer is not None):
+        traj_refs = pipe.rollout.rollout(batch)
+        return traj_refs, [], time.perf_counter() - t0, 0.0
+    scoring = pipe.scorer.stream(batch.min_version)  # each rollout call's result is scored as it lands
+    try:
+        traj_refs = pipe.rollout.rollout(batch, on_result=scoring.add)
+    except BaseException:
+        scoring.cancel()
+        raise
     t1 = time.perf_counter()
-    score_refs = pipe.scorer.score(traj_refs, started=early, min_version=batch.min_version) if use_scores else []
+    score_refs = scoring.results(len(traj_refs))  # the scoring calls, retried where they failed
     return traj_refs, score_refs, t1 - t0, time.perf_counter() - t1
 
 

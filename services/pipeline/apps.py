@@ -18,6 +18,7 @@ the scorer at ``/scorer`` (``POST /scorer/score``); with a prefix p: ``/{p}searc
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,8 @@ class Pipeline:
     republished: int = 0  # publishes to bring replaced (or new) replicas up to date, since start
     watches: dict = field(default_factory=dict)  # service -> ReplicaWatch: why a call waits, for how long
     start_s: dict = field(default_factory=dict)  # service -> seconds from the deploy call until it ran (kept: ~1 s)
+    # one re-sync at a time: the rollout's retries and the scoring stream's (each on its own thread) can both ask
+    _resyncing: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
     def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = tuple(SERVICES)) -> "Pipeline":
@@ -111,9 +114,10 @@ class Pipeline:
         """Before a retried call: a replica Serve started in place of a dead one holds ``model.path``;
         bring it to the learner's current policy (with rollout ahead of the learner, newer than the last
         ``sync_weights``; without a learner, that sync's, and a no-op before the first)."""
-        target = self.learner.info()["version"] if self.learner is not None else self.version
-        if target is not None:
-            self.sync_weights(target)
+        with self._resyncing:
+            target = self.learner.info()["version"] if self.learner is not None else self.version
+            if target is not None:
+                self.sync_weights(target)
 
     def sync_weights(self, version: int) -> bool:
         """Make every live rollout/scorer replica hold policy ``version`` before it samples: a replica

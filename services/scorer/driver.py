@@ -1,26 +1,32 @@
 """Driver side of scoring: one scorer call per rollout result, retried if its replica dies.
 
     scorer = ScorerDriver(serve.get_deployment_handle("scorer", "scorer"), cfg)
-    score_refs = scorer.score(traj_refs)     # one MemoryScoreBatch ref per TrajectoryBatch ref
-    early = {i: scorer.start(ref)}           # scoring one result as soon as it lands ...
-    score_refs = scorer.score(traj_refs, started=early)   # ... then the rest, retrying what failed
+    score_refs = scorer.score(traj_refs)          # one MemoryScoreBatch ref per TrajectoryBatch ref
+
+    scoring = scorer.stream(min_version)          # or: each result scored as it lands ...
+    traj_refs = rollout.rollout(batch, on_result=scoring.add)
+    score_refs = scoring.results(len(traj_refs))  # ... awaited once the rollout is done
 
 Each TrajectoryBatch ref is passed as the call's top-level argument, so the replica reads the
 bytes straight from the object store; the driver never decodes them. Results are refs the driver
 owns, in the order of ``traj_refs``; Serve spreads the calls over the scorer replicas. A failed
-call is sent again up to ``scorer.call_retries`` times.
+call is sent again up to ``scorer.call_retries`` times. Both ways are the same path
+(``call_all``, services/common/calls.py); a stream runs it on a thread of its own, so a scoring call
+waiting for a replica never holds up the rollout that hands it over.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 import ray
 
-from services.common.calls import call_all, serve_ref
+from services.common.calls import Arrivals, call_all, serve_ref
 from services.config import MempoConfig
 
 log = logging.getLogger("mempo.scorer")
+
 
 class ScorerDriver:
     def __init__(self, handle, cfg: MempoConfig, watch=None, before_retry=None, retries: int | None = None):
@@ -32,26 +38,49 @@ class ScorerDriver:
         self.stats = {"calls": 0, "retries": 0, "failed_s": 0.0}
         self.watch, self.before_retry = watch, before_retry
 
-    def start(self, traj_ref: "ray.ObjectRef", min_version: int = -1) -> "ray.ObjectRef | None":
-        """Launch the scoring of one TrajectoryBatch ref now; its MemoryScoreBatch ref. A replica
-        holding a policy older than ``min_version`` refuses (and the call is retried after a re-sync).
-        None when no replica took the call (e.g. none within ``ray.call_timeout_s``): an early start is
-        only a head start, so ``score()`` sends the call again with its retries and its clear error."""
-        self.stats["calls"] += 1
+    def score(self, traj_refs: "list[ray.ObjectRef] | Arrivals", min_version: int = -1) -> list["ray.ObjectRef"]:
+        """One MemoryScoreBatch ref per TrajectoryBatch ref, in order. A replica holding a policy older
+        than ``min_version`` refuses, and the call is retried after a re-sync."""
+        launch = lambda ref: serve_ref(lambda: self.handle.score.remote(ref, min_version), self.timeout_s,  # noqa: E731
+                                       self.watch, "a scoring call")
+        return call_all(launch, traj_refs, self.retries, "score", self.stats, self.before_retry,
+                        timeout_s=self.timeout_s)
+
+    def stream(self, min_version: int = -1) -> "ScoreStream":
+        """Scoring calls launched as their TrajectoryBatch refs are handed over (``ScoreStream.add``)."""
+        return ScoreStream(self, min_version)
+
+
+class ScoreStream:
+    """One batch's scoring calls, each launched as its rollout result is handed over and retried as any
+    call is: ``ScorerDriver.score`` on a thread of its own, fed by ``add``."""
+
+    def __init__(self, driver: ScorerDriver, min_version: int):
+        self._arrivals = Arrivals()
+        self._refs: list | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(driver, min_version), name="mempo-scoring",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, driver: ScorerDriver, min_version: int) -> None:
         try:
-            return self._launch(traj_ref, min_version)
-        except Exception as e:
-            log.warning("early scoring call not taken (%s: %s); it is sent again with the step's others",
-                        type(e).__name__, e)
-            return None
+            self._refs = driver.score(self._arrivals, min_version)
+        except BaseException as e:  # raised to the caller of results()
+            self._error = e
 
-    def _launch(self, traj_ref: "ray.ObjectRef", min_version: int) -> "ray.ObjectRef":
-        return serve_ref(lambda: self.handle.score.remote(traj_ref, min_version), self.timeout_s, self.watch,
-                         "a scoring call")
+    def add(self, i: int, traj_ref: "ray.ObjectRef") -> None:
+        """Score rollout result ``i`` (returns at once: the call is launched on the stream's thread)."""
+        self._arrivals.add(i, traj_ref)
 
-    def score(self, traj_refs: list["ray.ObjectRef"], started: dict[int, "ray.ObjectRef"] | None = None,
-              min_version: int = -1) -> list["ray.ObjectRef"]:
-        """One MemoryScoreBatch ref per TrajectoryBatch ref, in order; ``started[i]`` is awaited
-        instead of launching call i again (a failed one is relaunched)."""
-        return call_all(lambda ref: self._launch(ref, min_version), list(traj_refs), self.retries, "score",
-                        self.stats, self.before_retry, started=started, timeout_s=self.timeout_s)
+    def results(self, n: int) -> list["ray.ObjectRef"]:
+        """The MemoryScoreBatch refs of results 0..n-1, once every call has one; the calls' error if not."""
+        self._arrivals.close(n)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._refs
+
+    def cancel(self) -> None:
+        """Stop waiting for results (the rollout failed); calls in flight are left to finish unread."""
+        self._arrivals.abort()

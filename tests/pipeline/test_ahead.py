@@ -20,6 +20,7 @@ class Driver:
 
     def __init__(self):
         self.generated, self.scored, self.min_versions = [], [], []
+        self.cancelled = 0
         self.lock = threading.Lock()
 
     def rollout(self, batch, on_result=None):
@@ -31,15 +32,29 @@ class Driver:
                 on_result(i, refs[i])
         return refs
 
-    def start(self, ref, min_version=-1):
-        with self.lock:
-            self.scored.append(ref)
-            self.min_versions.append(min_version)
-        return f"score:{ref}"
+    def stream(self, min_version=-1):
+        return Stream(self, min_version)
 
-    def score(self, traj_refs, started=None, min_version=-1):
-        assert set(started) == set(range(len(traj_refs)))  # every call was scored as it landed
-        return [started[i] for i in range(len(traj_refs))]
+
+class Stream:
+    """The scorer driver's stream, stand-in: every result handed over is scored once."""
+
+    def __init__(self, driver, min_version):
+        self.driver, self.min_version, self.added = driver, min_version, {}
+
+    def add(self, i, ref):
+        with self.driver.lock:
+            self.driver.scored.append(ref)
+            self.driver.min_versions.append(self.min_version)
+        self.added[i] = f"score:{ref}"
+
+    def results(self, n):
+        assert set(self.added) == set(range(n))  # every call was scored as it landed
+        return [self.added[i] for i in range(n)]
+
+    def cancel(self):  # the rollout failed: nothing more comes
+        self.driver.cancelled += 1
+
 
 class Stages:
     def __init__(self, staleness=0):
@@ -95,3 +110,4 @@ def test_an_error_in_generation_reaches_the_loop():
     with pytest.raises(RuntimeError, match="rollout replica gone"):
         ahead.next()
     ahead.close()
+    assert stages.scorer.cancelled == 1  # the step's scoring stream was told to stop waiting
