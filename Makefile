@@ -27,9 +27,10 @@ world: $(STAMP)
 	$(PY) -m services.world build $(CONFIG)
 
 # Tests in tiers: test-fast = no vLLM engine and no Ray cluster (minutes); test-scenarios = whole runs under
-# faults, chaos, several nodes, the real model (tests/scenarios/); test = every tier.
+# faults, chaos, several nodes, the real model (tests/scenarios/); test = every tier, the scenarios and the rest
+# as two pytest sessions side by side after the assets they share (scripts/run_tests.py; --serial: one session).
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) scripts/run_tests.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
