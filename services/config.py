@@ -182,20 +182,45 @@ def _apply(tree: dict, path: list[str], value: Any) -> None:
             model = ann
 
 
+def _merged(under: dict, over: dict) -> dict:
+    """``over`` laid on ``under``: mappings merge key by key, anything else (a list, a value) replaces."""
+    out = dict(under)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def read_config_tree(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
+    """A config file's sections as a dict. A file may start from another: a top-level ``base: other.yaml``
+    (relative to the file) is read first and this file's sections are merged over it, key by key, so a
+    variant of a recipe holds only what it changes:
+
+        base: gpu-qwen2.5-7b.yaml
+        learner: {lr: 1.0e-5, world_size: 1, lora: {rank: 64}}
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist" + (f" (the base of {_chain[-1]})" if _chain else ""))
+    if p.resolve() in _chain:
+        raise ConfigError(f"{p}: its bases come back to it: {' -> '.join(str(c) for c in (*_chain, p.resolve()))}")
+    try:
+        loaded = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of sections")
+    base = loaded.pop("base", None)
+    if base is None:
+        return loaded
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{p}: base: must be the path of another config file (relative to this one), got {base!r}")
+    return _merged(read_config_tree(p.parent / base, (*_chain, p.resolve())), loaded)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> MempoConfig:
-    """Load a YAML config (or the defaults if ``path`` is None) and apply ``key=value`` overrides."""
-    tree: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: top level must be a mapping of sections")
-        tree = loaded
+    """Load a YAML config (or the defaults if ``path`` is None; ``base:`` in it: ``read_config_tree``)
+    and apply ``key=value`` overrides."""
+    tree: dict = read_config_tree(path) if path is not None else {}
     for ov in overrides:
         keys, value = parse_override(ov)
         _apply(tree, keys, value)

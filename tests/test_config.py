@@ -259,3 +259,37 @@ def test_scorer_token_budget_never_exceeds_the_model_positions():
         load_config(None, ["scorer.max_request_tokens=5000", "engine.max_model_len=8192"])
     # a real model's positions are not in the config: the engine length bounds it, the replica checks the rest
     assert scorer_token_budget(load_config(None, ["model.path=/some/model", "engine.max_model_len=8192"])) == 8192
+
+
+def test_a_config_starts_from_its_base_and_holds_only_what_differs(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "full.yaml").write_text(
+        "rollout: {n: 8, max_turns: 6}\nlearner: {lr: 1.0e-6, world_size: 2}\neval: {objectives: [2, 4, 6]}\n")
+    (tmp_path / "lora.yaml").write_text(  # the base is found relative to the file, not the working directory
+        "base: recipes/full.yaml\nlearner: {lr: 1.0e-5, lora: {rank: 8}}\neval: {objectives: [2]}\n")
+    cfg = load_config(tmp_path / "lora.yaml", ["rollout.n=4"])
+    assert (cfg.learner.lr, cfg.learner.world_size, cfg.learner.lora.rank) == (1e-5, 2, 8)  # sections merge key by key
+    assert cfg.eval.objectives == [2]  # a list replaces
+    assert (cfg.rollout.n, cfg.rollout.max_turns) == (4, 6)  # overrides still come last
+    (tmp_path / "twice.yaml").write_text("base: lora.yaml\nrollout: {max_turns: 3}\n")  # a base with a base
+    assert load_config(tmp_path / "twice.yaml").learner.lora.rank == 8
+
+
+def test_a_missing_or_circular_base_is_a_clear_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match=r"nowhere.yaml' does not exist \(the base of .*a.yaml\)"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "b.yaml").write_text("base: c.yaml\n")
+    (tmp_path / "c.yaml").write_text("base: b.yaml\n")
+    with pytest.raises(ConfigError, match="its bases come back to it"):
+        load_config(tmp_path / "b.yaml")
+    (tmp_path / "d.yaml").write_text("base: [x.yaml]\n")
+    with pytest.raises(ConfigError, match="base: must be the path of another config file"):
+        load_config(tmp_path / "d.yaml")
+
+
+def test_the_lora_recipe_is_the_gpu_recipe_with_adapters():
+    full = load_config(REPO / "deploy" / "configs" / "gpu-qwen2.5-7b.yaml")
+    lora = load_config(REPO / "deploy" / "configs" / "gpu-qwen2.5-7b-lora.yaml")
+    assert lora.learner.lora.rank == 64 and full.learner.lora.rank == 0
+    assert lora.rollout == full.rollout and lora.scorer == full.scorer and lora.model == full.model  # one source
