@@ -49,12 +49,18 @@ def build_assets() -> None:
 
 
 def progress(log: Path) -> str:
-    """The last percentage pytest -q printed ("[ 42%]"), or "starting"."""
+    """How far a pytest -q session has come: its last percentage ("[ 42%]") and the tests reported since,
+    or "starting"."""
     try:
-        marks = re.findall(r"\[\s*(\d+)%\]", log.read_text(errors="replace"))
+        text = log.read_text(errors="replace")
     except OSError:
         return "starting"
-    return f"{marks[-1]}%" if marks else "starting"
+    marks = list(re.finditer(r"\[\s*(\d+)%\]", text))
+    tail = text[marks[-1].end():] if marks else text
+    done = sum(len(m) for m in re.findall(r"^[.FEsxX]+$", tail, flags=re.M))  # a line of results so far
+    if not marks:
+        return f"{done} tests" if done else "starting"
+    return f"{marks[-1].group(1)}%" + (f" +{done} tests" if done else "")
 
 
 def run_side_by_side(extra: list[str]) -> int:
@@ -92,7 +98,7 @@ def run_side_by_side(extra: list[str]) -> int:
     print()
     for name, (code, seconds) in ended.items():
         print(f"[run_tests] {name}: {'passed' if code == 0 else f'FAILED (exit {code})'} in {seconds / 60:.1f} min")
-    return max(code != 0 for code, _ in ended.values())
+    return int(any(code != 0 for code, _ in ended.values()))
 
 
 def main() -> int:
