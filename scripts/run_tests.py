@@ -58,9 +58,10 @@ def progress(log: Path) -> str:
     marks = list(re.finditer(r"\[\s*(\d+)%\]", text))
     tail = text[marks[-1].end():] if marks else text
     done = sum(len(m) for m in re.findall(r"^[.FEsxX]+$", tail, flags=re.M))  # a line of results so far
+    tests = f"{done} test{'' if done == 1 else 's'}"
     if not marks:
-        return f"{done} tests" if done else "starting"
-    return f"{marks[-1].group(1)}%" + (f" +{done} tests" if done else "")
+        return tests if done else "starting"
+    return f"{marks[-1].group(1)}%" + (f" +{tests}" if done else "")
 
 
 def run_side_by_side(extra: list[str]) -> int:
