@@ -84,8 +84,8 @@ class Pipeline:
     republished: int = 0  # publishes to bring replaced (or new) replicas up to date, since start
     watches: dict = field(default_factory=dict)  # service -> ReplicaWatch: why a call waits, for how long
     start_s: dict = field(default_factory=dict)  # service -> seconds from the deploy call until it ran (kept: ~1 s)
-    # one re-sync at a time: the rollout's retries and the scoring stream's (each on its own thread) can both ask
-    _resyncing: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # one weight sync at a time: the loop's, the rollout's retries and the scoring stream's (each its own thread)
+    _syncing: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
     def start(cls, cfg: MempoConfig, services: tuple[str, ...] | list[str] = tuple(SERVICES)) -> "Pipeline":
@@ -114,23 +114,23 @@ class Pipeline:
         """Before a retried call: a replica Serve started in place of a dead one holds ``model.path``;
         bring it to the learner's current policy (with rollout ahead of the learner, newer than the last
         ``sync_weights``; without a learner, that sync's, and a no-op before the first)."""
-        with self._resyncing:
-            target = self.learner.info()["version"] if self.learner is not None else self.version
-            if target is not None:
-                self.sync_weights(target)
+        target = self.learner.info()["version"] if self.learner is not None else self.version
+        if target is not None:
+            self.sync_weights(target)
 
     def sync_weights(self, version: int) -> bool:
         """Make every live rollout/scorer replica hold policy ``version`` before it samples: a replica
         Serve started to replace a dead one loads ``model.path``, not the current policy. Returns
         whether the learner had to publish again."""
-        self.version = version
-        stale = [r for d in self._policy_holders()
-                 for r in self._replica_info(d) if r.get("version") != version]
-        if stale and self.learner is not None:
-            log.warning("%d replica(s) behind version %d (replaced?); publishing again", len(stale), version)
-            self.learner.publish()
-            self.republished += 1
-        return bool(stale)
+        with self._syncing:
+            self.version = version
+            stale = [r for d in self._policy_holders()
+                     for r in self._replica_info(d) if r.get("version") != version]
+            if stale and self.learner is not None:
+                log.warning("%d replica(s) behind version %d (replaced?); publishing again", len(stale), version)
+                self.learner.publish()
+                self.republished += 1
+            return bool(stale)
 
     def engine_busy(self) -> dict[str, float]:
         """Each live rollout replica's seconds with a turn generating since it started (its ``info``); a

@@ -185,9 +185,9 @@ def learner_memory(cfg: MempoConfig, card_gib: float) -> list[str]:
         # this config's mode, and the other one (LoRA off, or LoRA of rank 16 on)
         other = lc.model_copy(update={"lora": lc.lora.model_copy(update={"rank": 0 if lc.lora.rank else 16})})
         need, other_need = (fewest_ranks(hf, c, dtype, with_ref, card_gib * GIB) for c in (lc, other))
-        full, lora = ((other_need, other), (need, lc)) if lc.lora.rank else ((need, lc), (other_need, other))
-        said = "; ".join(f"{name} {w or 'more than 64'}" for name, w in
-                         (("every parameter", full[0]), (f"LoRA rank {lora[1].lora.rank}", lora[0])))
+        by_lora_rank = {lc.lora.rank: need, other.lora.rank: other_need}  # 0: every parameter
+        said = "; ".join(f"{f'LoRA rank {r}' if r else 'every parameter'} {by_lora_rank[r] or 'more than 64'}"
+                         for r in sorted(by_lora_rank))
         lines.append(f"learner: fewest ranks (GPUs) whose estimate fits a {card_gib:g} GiB card: {said}")
         if need is None or need > lc.world_size:
             lines.append(f"warning: learner.world_size={lc.world_size} is below that ({need or 'more than 64'}) for "
