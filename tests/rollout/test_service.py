@@ -227,6 +227,21 @@ def test_the_cpu_engine_runs_the_configured_threads_unpinned(rollout):
         assert os.sched_getaffinity(worker) == os.sched_getaffinity(0)
 
 
+def test_the_cpu_engine_runs_its_worker_in_the_engine_core_process(rollout):
+    """engine.cpu_executor=uni with unpinned threads: the model runs in the engine core's process, no
+    ``VLLM::Worker`` process of its own (vLLM's CPU default) to start or to poll its queue while idle."""
+    import psutil
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU engines only")
+    handle, cfg = rollout
+    assert cfg.engine.cpu_executor == "uni"
+    pid = handle.info.remote().result()["engine_pid"]
+    titles = [" ".join(p.cmdline()) for p in psutil.Process(pid).children(recursive=True)]
+    assert not [t for t in titles if "Worker" in t], titles
+    assert _greedy(handle, [1, 2, 3])["token_ids"]  # and it generates
+
+
 
 def test_paused_replicas_start_no_turn_until_resumed_and_count_their_busy_time(rollout):
     """train.pause_rollout: inside ``paused`` a call's turns wait (none generates), after it they run; a

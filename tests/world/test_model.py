@@ -1,5 +1,6 @@
 """The tiny model loads and generates in transformers and in vLLM; the environment imports cleanly."""
 
+import os
 import subprocess
 import sys
 
@@ -36,6 +37,23 @@ def test_tiny_model_shape_and_transformers_generate(world, tiny_cfg):
     out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
     assert out.shape[1] > len(ids)
     assert isinstance(tok.decode(out[0, len(ids):]), str)
+
+
+@pytest.fixture(scope="module")
+def vllm_llm(world):
+    """A vLLM engine (enforce_eager) on the world's tiny model, for this module only: an idle engine's
+    processes still use CPU, so it does not outlive the tests that read it."""
+    import gc
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    from vllm import LLM
+
+    llm = LLM(model=str(world / "model"), enforce_eager=True, max_model_len=1024, seed=0, dtype="float32")
+    yield llm
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
 
 
 @pytest.mark.slow
