@@ -115,6 +115,7 @@ def test_the_call_timeout_counts_again_from_when_a_slow_replacement_came_up():
         wait.check(t0)  # still untaken past the limit after the replacement came up: the call's own limit
 
 
+@pytest.mark.slow  # Ray Serve replicas: not the fast tier's
 def test_a_call_waits_for_a_slow_replacement_beyond_the_call_timeout(serve_http, tmp_path):
     import ray
     from ray import serve
@@ -161,6 +162,7 @@ def test_a_call_waits_for_a_slow_replacement_beyond_the_call_timeout(serve_http,
         serve.delete(APP)
 
 
+@pytest.mark.slow  # Ray Serve replicas: not the fast tier's
 def test_a_replacement_no_node_can_hold_fails_the_call_at_once(serve_http, tmp_path):
     from ray import serve
 
