@@ -242,7 +242,6 @@ def test_the_cpu_engine_runs_its_worker_in_the_engine_core_process(rollout):
     assert _greedy(handle, [1, 2, 3])["token_ids"]  # and it generates
 
 
-
 def test_paused_replicas_start_no_turn_until_resumed_and_count_their_busy_time(rollout):
     """train.pause_rollout: inside ``paused`` a call's turns wait (none generates), after it they run; a
     pause nobody ends lifts itself after max_s. The engine's busy clock grows only while turns generate."""
