@@ -20,6 +20,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# OpenMP threads sleep while they wait, in this process too (its in-process torch), as on the nodes mempo
+# starts (services/common/local_ray.py CPU_NODE_ENV): `make test` runs two sessions side by side on shared cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -126,12 +126,21 @@ def init_keeping_sigterm(**options: Any) -> None:
         signal.signal(signal.SIGTERM, sigterm)
 
 
+# OpenMP threads that wait sleep rather than spin. torch (a learner rank's ``learner.threads``, a test's
+# in-process model) splits each op over its OpenMP threads, and GNU OpenMP's default has a thread that
+# finished its share spin for a while before it sleeps. On a CPU node the stages share a few cores: a thread
+# that spins for a partner still waiting for a core takes the core that partner needs, for every op, and a
+# learner step beside one busy process took many times its CPU (docs/architecture.md, "Cores shared").
+# Read when a process loads OpenMP, so it is set in the node's environment, before any worker starts.
+CPU_NODE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def use_loopback_node() -> None:
     """Tell Ray (this process and what it starts) that the node's address is loopback, not routable, and
     that a slow machine is no reason to kill Serve's HTTP proxy and a lost replica no reason for a 500
-    (``SERVE_NODE_ENV``, unless set)."""
+    (``SERVE_NODE_ENV``), and that OpenMP threads sleep while they wait (``CPU_NODE_ENV``), each unless set."""
     os.environ.update(LOOPBACK_ENV)
-    for key, value in SERVE_NODE_ENV.items():
+    for key, value in (SERVE_NODE_ENV | CPU_NODE_ENV).items():
         os.environ.setdefault(key, value)
     if "ray._private.ray_constants" in sys.modules:  # read at import: also set it when ray came first
         sys.modules["ray._private.ray_constants"].ENABLE_RAY_CLUSTER = False
