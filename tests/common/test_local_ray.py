@@ -33,6 +33,15 @@ def test_local_options_bind_loopback_and_keep_auth_on(clean_env):
     assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
 
 
+def test_a_local_node_has_openmp_threads_sleep_unless_the_environment_says_otherwise(clean_env, monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # restored after the test (the session sets it)
+    local_ray.local_init_options(num_cpus=2, object_store_memory=100_000_000)
+    assert os.environ["OMP_WAIT_POLICY"] == local_ray.CPU_NODE_ENV["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice stays
+    local_ray.local_init_options(num_cpus=2, object_store_memory=100_000_000)
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
 def test_token_is_created_once_and_an_explicit_token_wins(clean_env, monkeypatch):
     first = local_ray.ensure_token()
     text = first.read_text()
