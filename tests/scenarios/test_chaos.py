@@ -1,5 +1,5 @@
-"""``mempo chaos``, the short version: 6 steps on a 3-node local cluster under 3 faults, two of them in
-one step, with REST load on the scorer, every invariant checked (services/pipeline/chaos_checks.py).
+"""``mempo chaos``, the short version: 6 steps on a 3-node local cluster under 3 faults, two of them
+planned for one step, with REST load on the scorer, every invariant checked (services/pipeline/chaos_checks.py).
 
 The schedule is drawn from ``SEED`` (--max-faults 3): a scorer replica killed and the driver stopped by
 SIGTERM (and started again with the same command) in step 2, a learner rank killed in step 5. A failure
@@ -43,7 +43,10 @@ def test_six_steps_under_three_overlapping_faults_and_rest_load_keep_every_invar
     assert proc.returncode == 0 and result["finished"]
     injected = [f for f in result["faults"] if "missed" not in f]
     assert [f["kind"] for f in injected] == ["scorer_replica", "driver_sigterm", "learner_rank"], result["faults"]
-    assert len({f["landed_step"] for f in injected}) < 3  # two landed in one step: they overlapped
+    # they overlapped: the SIGTERM came within 5 s of the kill, while Serve was replacing the scorer replica, in
+    # step 2 or, when step 2 ended first (a step shorter than the plan's estimate of one), just after it
+    scorer, sigterm, _ = injected
+    assert scorer["landed_step"] == 2 and sigterm["landed_step"] in (2, 3) and sigterm["at"] - scorer["at"] < 5.0, injected
     assert len(result["driver_exits"]) >= 2 and result["driver_exits"][0]["code"] == 130  # stopped, started again
     assert result["rest"]["by_status"].get("200", 0) > 0
     ledger = [json.loads(line) for line in (out / "faulted" / "ledger.jsonl").read_text().splitlines()]
