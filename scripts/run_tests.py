@@ -7,8 +7,7 @@
    grammar model (each cached on disk; a no-op when both are there). Built by two sessions at once
    they would be built twice.
 2. ``tests/scenarios`` (whole runs: faults, chaos, several nodes, the real model) and every other test
-   (with the lightest scenario modules, ``SCENARIOS_IN_REST``, so both end together) run as two pytest
-   processes at once, each with its own Ray cluster and free ports. The scenario
+   run as two pytest processes at once, each with its own Ray cluster and free ports. The scenario
    runs keep the cores busy while the rest mostly waits (Ray and vLLM start-ups, fault timeouts), so
    on 2 cores the overlap takes about a tenth off the wall time (docs/results.md).
 3. Each session's output goes to a log under a temporary folder; a line every minute says how far each
@@ -29,22 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Scenario modules the rest session runs: without them it ends minutes before the scenarios, and for those
-# minutes one session has the machine to itself (docs/results.md, "What make test takes"). Any other module
-# of tests/scenarios, a new one included, runs in the scenarios session.
-SCENARIOS_IN_REST = ("test_listeners.py", "test_external_retriever.py", "test_start_errors.py")
-
-
-def sessions(root: Path = ROOT) -> dict[str, list[str]]:
-    """The pytest arguments of each session: tests/scenarios less ``SCENARIOS_IN_REST``, and every other test.
-    (An explicit path under an ``--ignore``d folder is ignored too, so the rest ignores module by module.)"""
-    modules = sorted(p.name for p in (root / "tests" / "scenarios").glob("test_*.py"))
-    moved = [m for m in modules if m in SCENARIOS_IN_REST]
-    return {"scenarios": ["tests/scenarios"] + [f"--ignore=tests/scenarios/{m}" for m in moved],
-            "rest": ["tests"] + [f"--ignore=tests/scenarios/{m}" for m in modules if m not in moved]}
-
-
-SESSIONS = sessions()
+SESSIONS = {"scenarios": ["tests/scenarios"], "rest": ["tests", "--ignore=tests/scenarios"]}
 PYTEST = [sys.executable, "-m", "pytest", "-q", "--durations=15"]
 
 

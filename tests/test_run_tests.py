@@ -38,18 +38,3 @@ def test_progress_reads_how_far_pytest_has_come(tmp_path):
     assert run_tests.progress(log) == "6 tests"
     log.write_text("....  [ 12%]\n....  [ 40%]\n..")
     assert run_tests.progress(log) == "40% +2 tests"
-
-
-def test_every_test_module_runs_in_exactly_one_session():
-    run_tests = _runner()
-    scenarios = sorted(p.name for p in (ROOT / "tests" / "scenarios").glob("test_*.py"))
-    assert set(run_tests.SCENARIOS_IN_REST) <= set(scenarios)  # a renamed module is not silently dropped
-    collected = {}
-    for name, args in run_tests.sessions().items():
-        ignored = {a.removeprefix("--ignore=") for a in args if a.startswith("--ignore=")}
-        roots = [a for a in args if not a.startswith("-")]
-        mods = {str(p.relative_to(ROOT)) for r in roots for p in (ROOT / r).rglob("test_*.py")}
-        collected[name] = {m for m in mods if not any(m == i or m.startswith(i + "/") for i in ignored)}
-    assert not collected["scenarios"] & collected["rest"]
-    assert collected["scenarios"] | collected["rest"] == {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")}
-    assert {m.rsplit("/", 1)[1] for m in collected["scenarios"]} == set(scenarios) - set(run_tests.SCENARIOS_IN_REST)
