@@ -129,8 +129,8 @@ def init_keeping_sigterm(**options: Any) -> None:
 # OpenMP threads that wait sleep rather than spin. torch (a learner rank's ``learner.threads``, a test's
 # in-process model) splits each op over its OpenMP threads, and GNU OpenMP's default has a thread that
 # finished its share spin for a while before it sleeps. On a CPU node the stages share a few cores: a thread
-# that spins for a partner still waiting for a core takes the core that partner needs, for every op, and a
-# learner step beside one busy process took many times its CPU (docs/architecture.md, platform notes).
+# that spins for a partner still waiting for a core takes the core that partner needs, at every op, so a
+# step costs many times its CPU whenever the cores are shared (docs/architecture.md, platform notes).
 # Read when a process loads OpenMP, so it is set in the node's environment, before any worker starts.
 CPU_NODE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
