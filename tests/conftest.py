@@ -20,9 +20,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# OpenMP threads sleep while they wait, in this process too (its in-process torch), as on the nodes mempo
-# starts (services/common/local_ray.py CPU_NODE_ENV): `make test` runs two sessions side by side on shared cores.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP threads sleep while they wait, in this process too (its in-process torch, loaded after this line), as on
+# the nodes mempo starts: `make test` runs two sessions side by side on shared cores.
+from services.common.local_ray import CPU_NODE_ENV  # noqa: E402 (stdlib only: no torch or Ray yet)
+
+for _key, _value in CPU_NODE_ENV.items():
+    os.environ.setdefault(_key, _value)
 
 
 def pytest_collection_modifyitems(config, items):
